@@ -1,0 +1,143 @@
+"""The ``vllm-fleet`` command: one entry point for controller and hosts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from vllm_fleet import __version__
+
+
+def _cmd_engine_run(args: argparse.Namespace) -> int:
+    from vllm_fleet.engine_exec import run
+
+    return run(Path(args.config))
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    from vllm_fleet.engine_config import EngineConfig
+    from vllm_fleet.env_file import read_env_file
+    from vllm_fleet.smoke import run_smoke
+
+    cfg = EngineConfig.model_validate_json(Path(args.config).read_text())
+    key = read_env_file(Path(args.env_file)).get("VLLM_API_KEY", "")
+    if not key:
+        print(f"{args.env_file}: no VLLM_API_KEY", file=sys.stderr)
+        return 2
+    result = run_smoke(f"http://{args.address}:{cfg.port}", key, cfg.served_name, args.timeout)
+    print(result.summary())
+    return 0 if result.ok else 1
+
+
+def _cmd_publish(args: argparse.Namespace) -> int:
+    from vllm_fleet.publish import publish
+
+    print(publish(args.model, Path(args.source), Path(args.mirror_dir), args.workers))
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from vllm_fleet.weights import load_local_manifest, verify_dir
+
+    rev_dir = Path(args.path)
+    problems = verify_dir(
+        rev_dir, load_local_manifest(rev_dir), args.full, args.workers, _stderr
+    )
+    for problem in problems:
+        print(f"{rev_dir}: {problem}")
+    if not problems:
+        print(f"{rev_dir}: verified")
+    return 1 if problems else 0
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    from vllm_fleet.weights import MirrorFetch, WeightsError
+
+    fetch = MirrorFetch(
+        name=args.name,
+        revision=args.revision,
+        base_url=args.url,
+        root=Path(args.root),
+        keep=args.keep,
+        full_verify=args.full,
+        workers=args.workers,
+        report=_stderr,
+    )
+    try:
+        print(json.dumps(asdict(fetch.run())))
+    except WeightsError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_lock(args: argparse.Namespace) -> int:
+    from vllm_fleet.wheel_lock import lock_lines
+
+    print("\n".join(lock_lines(Path(args.wheelhouse), set(args.exclude))))
+    return 0
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__)
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("engine-run", help="run one engine group (systemd's main process)")
+    p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
+    p.set_defaults(func=_cmd_engine_run)
+
+    p = sub.add_parser("smoke", help="smoke-test one engine group on this host")
+    p.add_argument("--config", required=True)
+    p.add_argument("--env-file", required=True, help="EnvironmentFile holding VLLM_API_KEY")
+    p.add_argument("--address", default="127.0.0.1")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.set_defaults(func=_cmd_smoke)
+
+    weights = sub.add_parser("weights", help="model weights: publish, fetch, verify").add_subparsers(
+        dest="weights_command", required=True
+    )
+    p = weights.add_parser("publish", help="copy a model into a mirror; prints its revision")
+    p.add_argument("--model", required=True)
+    p.add_argument("source")
+    p.add_argument("mirror_dir", help="<mirror>/models/<model>")
+    p.add_argument("--workers", type=int, default=4)
+    p.set_defaults(func=_cmd_publish)
+
+    p = weights.add_parser("fetch", help="fetch a pinned revision from a mirror, verified")
+    p.add_argument("--name", required=True)
+    p.add_argument("--revision", required=True)
+    p.add_argument("--url", required=True, help="mirror base URL of this model")
+    p.add_argument("--root", default="/srv/models")
+    p.add_argument("--keep", type=int, default=2)
+    p.add_argument("--full", action="store_true", help="re-hash every file, ignore stamps")
+    p.add_argument("--workers", type=int, default=4)
+    p.set_defaults(func=_cmd_fetch)
+
+    p = weights.add_parser("verify", help="verify an installed revision against its manifest")
+    p.add_argument("path")
+    p.add_argument("--full", action="store_true")
+    p.add_argument("--workers", type=int, default=4)
+    p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("lock", help="print a hash lock for a wheelhouse")
+    p.add_argument("wheelhouse")
+    p.add_argument("--exclude", nargs="*", default=[])
+    p.set_defaults(func=_cmd_lock)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""One engine group's settings, and the command line and environment derived from them.
+
+Ansible renders ``/etc/vllm-fleet/engines/<group>.json`` from the inventory; the
+``vllm-fleet engine-run`` wrapper reads it on the host. Keeping the derivation here
+(not in Jinja) lets it be unit tested, and one mapping serves every accelerator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Accelerator = Literal["cpu", "cuda", "ascend"]
+
+# Which variable restricts a process to its devices, per accelerator.
+DEVICE_ENV_VAR: dict[str, str] = {
+    "cpu": "VLLM_CPU_OMP_THREADS_BIND",
+    "cuda": "CUDA_VISIBLE_DEVICES",
+    "ascend": "ASCEND_RT_VISIBLE_DEVICES",
+}
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    group: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    accelerator: Accelerator
+    stack: str
+    stack_dir: Path
+    model_path: Path
+    served_name: str
+    host: str = "0.0.0.0"
+    port: int = Field(ge=1, le=65535)
+    devices: list[int] = Field(min_length=1)
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    dtype: str = "auto"
+    kv_cache_bytes: int = Field(gt=0)
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    block_size: int | None = None
+    shutdown_timeout: int = Field(default=30, ge=0)
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+def compress_ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (the form OpenMP thread binding takes)."""
+    ordered = sorted(set(indices))
+    parts: list[str] = []
+    start = prev = ordered[0]
+    for value in ordered[1:] + [None]:  # type: ignore[list-item]
+        if value is not None and value == prev + 1:
+            prev = value
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if value is not None:
+            start = prev = value
+    return ",".join(parts)
+
+
+def device_env(accelerator: str, devices: list[int]) -> dict[str, str]:
+    """Environment that pins a process to its devices."""
+    if accelerator == "cpu":
+        # All bound cores compute; by default vLLM would keep one back.
+        return {
+            DEVICE_ENV_VAR["cpu"]: compress_ranges(devices),
+            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+        }
+    return {DEVICE_ENV_VAR[accelerator]: ",".join(str(d) for d in devices)}
+
+
+def engine_argv(cfg: EngineConfig) -> list[str]:
+    argv = [
+        str(cfg.stack_dir / "bin" / "vllm"),
+        "serve",
+        str(cfg.model_path),
+        "--served-model-name",
+        cfg.served_name,
+        "--host",
+        cfg.host,
+        "--port",
+        str(cfg.port),
+        "--max-model-len",
+        str(cfg.max_model_len),
+        "--max-num-seqs",
+        str(cfg.max_num_seqs),
+        "--dtype",
+        cfg.dtype,
+        "--kv-cache-memory-bytes",
+        str(cfg.kv_cache_bytes),
+        "--tensor-parallel-size",
+        str(cfg.tensor_parallel_size),
+        "--shutdown-timeout",
+        str(cfg.shutdown_timeout),
+        # Weights come only from the verified local path; never from a hub.
+        "--generation-config",
+        "auto",
+        "--no-enable-log-requests",
+        "--enable-prefix-caching" if cfg.enable_prefix_caching else "--no-enable-prefix-caching",
+    ]
+    if cfg.enforce_eager:
+        argv.append("--enforce-eager")
+    if cfg.block_size is not None:
+        argv += ["--block-size", str(cfg.block_size)]
+    return argv + list(cfg.extra_args)
+
+
+def engine_env(cfg: EngineConfig, state_dir: Path) -> dict[str, str]:
+    """Variables the engine gets on top of the unit's environment."""
+    cache = state_dir / "cache"
+    env = {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(cache / "huggingface"),
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "XDG_CACHE_HOME": str(cache),
+        "TMPDIR": str(state_dir / "tmp"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+    env.update(device_env(cfg.accelerator, cfg.devices))
+    env.update(cfg.env)
+    return env

@@ -1,0 +1,1 @@
+"""Controller-side tooling that builds the lab: image, wheelhouses, model mirror, secrets."""

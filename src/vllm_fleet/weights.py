@@ -1,0 +1,373 @@
+"""Fetch a model revision from a mirror into ``<root>/<name>/<revision>/``, verified.
+
+Files land in a staging directory, each hashed while it is written; only a fully
+verified staging directory is renamed into place, and the ``current`` link moves
+only after that. A failure leaves every existing revision untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from vllm_fleet.hashing import BLOCK_SIZE, sha256_files
+from vllm_fleet.manifest import Manifest, canonical_json
+
+MANIFEST_NAME = ".vllm-fleet-manifest.json"
+STAMP_NAME = ".vllm-fleet-verified.json"
+CURRENT_LINK = "current"
+STAGING_PREFIX = ".staging-"
+DEFAULT_MARGIN_BYTES = 1024**3
+
+
+class WeightsError(Exception):
+    """A fetch or verification failure, worded for the operator."""
+
+
+@dataclass
+class Progress:
+    """Bytes done of a total, reported at most every ``interval`` seconds."""
+
+    total: int
+    label: str
+    report: Callable[[str], None]
+    interval: float = 10.0
+    done: int = 0
+    _started: float = field(default_factory=time.monotonic)
+    _last: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.done += count
+            now = time.monotonic()
+            if now - self._last < self.interval and self.done < self.total:
+                return
+            self._last = now
+            elapsed = max(now - self._started, 1e-6)
+            rate = self.done / elapsed
+            eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+            self.report(
+                f"{self.label}: {self.done / 1e6:.0f}/{self.total / 1e6:.0f} MB "
+                f"{rate / 1e6:.1f} MB/s eta {eta:.0f}s"
+            )
+
+
+@dataclass
+class FetchResult:
+    changed: bool
+    path: str
+    revision: str
+    files: int
+    bytes: int
+    actions: list[str]
+
+
+def revision_dir(root: Path, name: str, revision: str) -> Path:
+    return root / name / revision
+
+
+def _stat_key(path: Path) -> dict[str, int]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
+
+
+def load_local_manifest(rev_dir: Path) -> Manifest:
+    return Manifest.model_validate_json((rev_dir / MANIFEST_NAME).read_text())
+
+
+def verify_dir(
+    rev_dir: Path,
+    manifest: Manifest,
+    full: bool,
+    workers: int,
+    report: Callable[[str], None] = lambda _msg: None,
+) -> list[str]:
+    """Check every file of manifest under rev_dir; returns the problems found.
+
+    Unless ``full``, files whose (size, mtime, inode) match the verified stamp are
+    trusted without re-hashing; that makes re-checking an unchanged model cheap.
+    """
+    stamp: dict[str, dict[str, int | str]] = {}
+    if not full:
+        with contextlib.suppress(OSError, ValueError):
+            stamp = json.loads((rev_dir / STAMP_NAME).read_text())["files"]
+    problems: list[str] = []
+    to_hash: list[tuple[Path, str]] = []
+    for entry in manifest.files:
+        path = rev_dir / entry.path
+        if not path.is_file():
+            problems.append(f"{entry.path}: missing")
+            continue
+        key = _stat_key(path)
+        if key["size"] != entry.size:
+            problems.append(f"{entry.path}: size {key['size']}, expected {entry.size}")
+            continue
+        known = stamp.get(entry.path)
+        if known and {k: known.get(k) for k in key} == key and known.get("sha256") == entry.sha256:
+            continue
+        to_hash.append((path, entry.sha256))
+    if to_hash:
+        progress = Progress(sum(p.stat().st_size for p, _ in to_hash), f"verify {rev_dir}", report)
+        digests = sha256_files([p for p, _ in to_hash], workers, progress.add)
+        for path, expected in to_hash:
+            if digests[path] != expected:
+                problems.append(
+                    f"{path.relative_to(rev_dir).as_posix()}: sha256 mismatch: "
+                    f"expected {expected}, got {digests[path]}"
+                )
+    return problems
+
+
+def write_stamp(rev_dir: Path, manifest: Manifest) -> None:
+    files = {e.path: {**_stat_key(rev_dir / e.path), "sha256": e.sha256} for e in manifest.files}
+    _write_private(rev_dir / STAMP_NAME, canonical_json({"files": files}))
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(0o444)
+    tmp.replace(path)
+
+
+def _make_read_only(rev_dir: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(rev_dir):
+        for name in filenames:
+            Path(dirpath, name).chmod(0o444)
+        for name in dirnames:
+            Path(dirpath, name).chmod(0o555)
+    rev_dir.chmod(0o555)
+
+
+def _make_writable(tree: Path) -> None:
+    for dirpath, _dirnames, _filenames in os.walk(tree):
+        Path(dirpath).chmod(0o755)
+
+
+def remove_tree(tree: Path) -> None:
+    if tree.exists():
+        _make_writable(tree)
+        shutil.rmtree(tree)
+
+
+def point_current(model_dir: Path, revision: str) -> bool:
+    """Atomically point ``<model_dir>/current`` at revision; True when it moved."""
+    link = model_dir / CURRENT_LINK
+    if link.is_symlink() and os.readlink(link) == revision:
+        return False
+    tmp = model_dir / f".{CURRENT_LINK}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(revision)
+    tmp.replace(link)
+    return True
+
+
+def prune(model_dir: Path, keep: int, protect: set[str]) -> list[str]:
+    """Remove the oldest revisions beyond ``keep``; never one in ``protect``."""
+    revisions = [
+        p
+        for p in model_dir.iterdir()
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+    ]
+    revisions.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    removed = []
+    for old in revisions[keep:]:
+        if old.name in protect:
+            continue
+        remove_tree(old)
+        removed.append(old.name)
+    return removed
+
+
+class MirrorClient:
+    """Reads ``<base_url>/<revision>/...`` from an HTTP(S) mirror."""
+
+    def __init__(self, base_url: str, timeout: float = 60.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.client = httpx.Client(timeout=timeout, follow_redirects=True)
+
+    def url(self, revision: str, path: str) -> str:
+        return f"{self.base_url}/{revision}/{path}"
+
+    def manifest(self, revision: str) -> Manifest:
+        url = self.url(revision, "manifest.json")
+        try:
+            response = self.client.get(url)
+            response.raise_for_status()
+        except httpx.HTTPError as err:
+            raise WeightsError(f"cannot read manifest {url}: {err}") from err
+        return Manifest.model_validate_json(response.content)
+
+    def download(self, revision: str, path: str, dest: Path, progress: Progress) -> str:
+        url = self.url(revision, path)
+        digest = hashlib.sha256()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self.client.stream("GET", url) as response, dest.open("wb") as out:
+                response.raise_for_status()
+                for block in response.iter_bytes(BLOCK_SIZE):
+                    digest.update(block)
+                    out.write(block)
+                    progress.add(len(block))
+                out.flush()
+                os.fsync(out.fileno())
+        except httpx.HTTPError as err:
+            raise WeightsError(f"download of {url} failed: {err}") from err
+        return digest.hexdigest()
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class MirrorFetch:
+    name: str
+    revision: str
+    base_url: str
+    root: Path
+    keep: int = 2
+    full_verify: bool = False
+    workers: int = 4
+    margin_bytes: int = DEFAULT_MARGIN_BYTES
+    report: Callable[[str], None] = lambda _msg: None
+
+    @property
+    def model_dir(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def target(self) -> Path:
+        return revision_dir(self.root, self.name, self.revision)
+
+    def installed_ok(self) -> tuple[bool, list[str]]:
+        """Whether the revision is installed and verifies; with the problems if not."""
+        if not (self.target / MANIFEST_NAME).is_file():
+            return False, ["not installed"]
+        manifest = load_local_manifest(self.target)
+        problems = verify_dir(self.target, manifest, self.full_verify, self.workers, self.report)
+        return not problems, problems
+
+    def needs_change(self) -> bool:
+        ok, _ = self.installed_ok()
+        link = self.model_dir / CURRENT_LINK
+        return not ok or not (link.is_symlink() and os.readlink(link) == self.revision)
+
+    def run(self) -> FetchResult:
+        actions: list[str] = []
+        ok, problems = self.installed_ok()
+        if not ok:
+            if problems != ["not installed"]:
+                actions.append("re-fetched damaged local copy: " + "; ".join(problems))
+            manifest = self._fetch_into_place()
+            actions.append(f"fetched {len(manifest.files)} files")
+        else:
+            # The stamp is bookkeeping, not content: refreshing it is no change.
+            write_stamp(self.target, load_local_manifest(self.target))
+        manifest = load_local_manifest(self.target)
+        if point_current(self.model_dir, self.revision):
+            actions.append(f"current -> {self.revision}")
+        removed = prune(self.model_dir, self.keep, {self.revision})
+        actions.extend(f"pruned {r}" for r in removed)
+        return FetchResult(
+            changed=bool(actions),
+            path=str(self.target),
+            revision=self.revision,
+            files=len(manifest.files),
+            bytes=manifest.total_bytes,
+            actions=actions,
+        )
+
+    def _check_free_space(self, needed: int) -> None:
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.model_dir).free
+        if free < needed + self.margin_bytes:
+            raise WeightsError(
+                f"model {self.name} revision {self.revision}: needs {needed / 1e9:.2f} GB plus "
+                f"{self.margin_bytes / 1e9:.2f} GB margin in {self.model_dir}, only "
+                f"{free / 1e9:.2f} GB free; free space or move model_weights_root"
+            )
+
+    def _fetch_into_place(self) -> Manifest:
+        client = MirrorClient(self.base_url)
+        try:
+            manifest = client.manifest(self.revision)
+            actual_id = manifest.revision_id()
+            if actual_id != self.revision:
+                raise WeightsError(
+                    f"model {self.name}: manifest at {client.url(self.revision, 'manifest.json')} "
+                    f"has id {actual_id}, expected the pinned revision {self.revision}; "
+                    "the mirror content changed: re-pin the revision or restore the mirror"
+                )
+            if manifest.model != self.name:
+                raise WeightsError(
+                    f"model {self.name}: the mirror's manifest is for model {manifest.model!r}"
+                )
+            self._check_free_space(manifest.total_bytes)
+            staging = self.model_dir / f"{STAGING_PREFIX}{self.revision}-{os.getpid()}"
+            remove_tree(staging)
+            staging.mkdir(parents=True)
+            try:
+                self._download_all(client, manifest, staging)
+                _write_private(
+                    staging / MANIFEST_NAME,
+                    canonical_json(
+                        {
+                            **manifest.model_dump(),
+                            "source": "mirror",
+                            "url": self.base_url,
+                            "revision": self.revision,
+                        }
+                    ),
+                )
+                write_stamp(staging, manifest)
+                _make_read_only(staging)
+                if self.target.exists():
+                    trash = self.model_dir / f".trash-{self.revision}-{os.getpid()}"
+                    self.target.rename(trash)
+                    staging.rename(self.target)
+                    remove_tree(trash)
+                else:
+                    staging.rename(self.target)
+            finally:
+                remove_tree(staging)
+            return manifest
+        finally:
+            client.close()
+
+    def _download_all(self, client: MirrorClient, manifest: Manifest, staging: Path) -> None:
+        progress = Progress(manifest.total_bytes, f"fetch {self.name}@{self.revision[:12]}", self.report)
+        problems: list[str] = []
+
+        def one(entry_index: int) -> None:
+            entry = manifest.files[entry_index]
+            dest = staging / entry.path
+            got = client.download(self.revision, entry.path, dest, progress)
+            size = dest.stat().st_size
+            if size != entry.size:
+                problems.append(f"{entry.path}: size {size}, expected {entry.size}")
+            elif got != entry.sha256:
+                problems.append(
+                    f"{entry.path}: sha256 mismatch: expected {entry.sha256}, got {got}"
+                )
+
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            list(pool.map(one, range(len(manifest.files))))
+        if problems:
+            raise WeightsError(
+                f"model {self.name} revision {self.revision} from {self.base_url}: "
+                + "; ".join(sorted(problems))
+                + ". Nothing was installed; the previous revision stays in place. "
+                "Fix the mirror copy (or the pinned revision) and re-run."
+            )
