@@ -1,0 +1,60 @@
+# Thin wrappers: the logic lives in vllm_fleet (Python) and the playbooks.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+BIN := $(VENV)/bin
+
+export PATH := $(BIN):$(PATH)
+export CONTAINERS_CONF := $(CURDIR)/lab/containers.conf
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
+export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
+
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+venv: $(VENV)/.installed ## controller venv with the pinned tools (pyproject.toml [controller])
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade 'pip>=24'
+	$(BIN)/pip install --quiet -e '.[controller]'
+	touch $@
+
+prepare: venv ## build what the lab needs: podman, image, wheelhouses, model mirror, secrets (cached)
+	$(BIN)/python -m vllm_fleet.lab prepare --timings .lab/timings-prepare.json
+
+lab: prepare ## bring up the lab fleet and run site.yml against it
+	$(BIN)/ansible-playbook lab/lab.yml
+	$(BIN)/ansible-playbook site.yml
+
+lab-down: venv ## remove the lab's containers and network (nothing else)
+	$(BIN)/ansible-playbook lab/lab.yml -e lab_state=absent
+
+collections: venv ## the containers.podman collection, unpacked offline from the ansible wheel
+	$(BIN)/python -m vllm_fleet.lab prepare --only collection
+
+lint: collections ## yamllint, ansible-lint (production profile), ruff
+	$(BIN)/yamllint --strict .
+	$(BIN)/ansible-lint --profile production
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+unit: venv ## unit tests of the vllm_fleet package
+	$(BIN)/pytest tests/unit
+
+molecule: prepare ## every role's Molecule scenario (real systemd containers, real engines)
+	$(BIN)/python -m tests.molecule_runner
+
+e2e: prepare ## the lab end to end: fresh lab, site.yml, idempotence, corruption, secrets
+	$(BIN)/pytest tests/lab
+
+test: lint unit molecule e2e ## everything CI runs
+
+bench: prepare ## lab bring-up time by phase, and the re-run as a fraction of it
+	$(BIN)/python bench/lab_bringup.py
+
+clean: lab-down ## remove the lab and the controller venv (caches stay in $(VLLM_FLEET_CACHE))
+	rm -rf $(VENV) .collections

@@ -1,0 +1,85 @@
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from vllm_fleet.engine_config import (
+    EngineConfig,
+    compress_ranges,
+    device_env,
+    engine_argv,
+    engine_env,
+)
+
+
+def config(**overrides):
+    base = {
+        "group": "g0",
+        "accelerator": "cpu",
+        "stack": "cpu-vllm-0.32.0",
+        "stack_dir": "/opt/vllm-fleet/stacks/cpu-vllm-0.32.0",
+        "model_path": "/srv/models/m/abc",
+        "served_name": "smollm2",
+        "port": 8100,
+        "devices": [0],
+        "max_model_len": 2048,
+        "max_num_seqs": 16,
+        "kv_cache_bytes": 1 << 30,
+    }
+    return EngineConfig.model_validate(base | overrides)
+
+
+@pytest.mark.parametrize(
+    ("devices", "expected"),
+    [([0], "0"), ([3, 1, 2], "1-3"), ([0, 1, 2, 5, 7, 8], "0-2,5,7-8"), ([4, 4], "4")],
+)
+def test_compress_ranges(devices, expected):
+    assert compress_ranges(devices) == expected
+
+
+def test_one_device_mapping_for_every_accelerator():
+    assert device_env("cpu", [2, 3]) == {
+        "VLLM_CPU_OMP_THREADS_BIND": "2-3",
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
+    }
+    assert device_env("cuda", [4, 5]) == {"CUDA_VISIBLE_DEVICES": "4,5"}
+    assert device_env("ascend", [0, 1, 2, 3]) == {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3"}
+
+
+def test_argv_loads_the_local_path_with_explicit_limits():
+    argv = engine_argv(config(enforce_eager=True, block_size=32, extra_args=["--seed", "0"]))
+    assert argv[:3] == ["/opt/vllm-fleet/stacks/cpu-vllm-0.32.0/bin/vllm", "serve", "/srv/models/m/abc"]
+    pairs = dict(zip(argv[3::2], argv[4::2], strict=False))
+    assert pairs["--served-model-name"] == "smollm2"
+    assert pairs["--kv-cache-memory-bytes"] == str(1 << 30)
+    assert pairs["--max-model-len"] == "2048"
+    assert "--enforce-eager" in argv
+    assert argv[-4:] == ["--block-size", "32", "--seed", "0"]
+    assert "--enable-prefix-caching" in argv
+
+
+def test_argv_never_carries_a_key():
+    argv = engine_argv(config(env={"VLLM_API_KEY": "should-not-move"}))
+    assert not any("api-key" in a or "should-not-move" in a for a in argv)
+
+
+def test_prefix_caching_can_be_turned_off():
+    assert "--no-enable-prefix-caching" in engine_argv(config(enable_prefix_caching=False))
+
+
+def test_env_keeps_caches_in_the_state_dir_and_stays_offline():
+    env = engine_env(config(devices=[1], env={"OMP_NUM_THREADS": "1"}), Path("/var/lib/x"))
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["TMPDIR"] == "/var/lib/x/tmp"
+    assert env["VLLM_CACHE_ROOT"].startswith("/var/lib/x/")
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert env["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"port": 0}, {"devices": []}, {"accelerator": "tpu"}, {"group": "a b"}, {"typo_key": 1}],
+)
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValidationError):
+        config(**bad)

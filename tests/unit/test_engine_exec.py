@@ -1,0 +1,93 @@
+"""engine-run as a main process: forwards SIGTERM and reaps every descendant.
+
+The stack's ``bin/vllm`` here is a fixture process tree (a parent that leaves an
+orphaned grandchild behind), standing in for vLLM's API server and engine core.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+FIXTURE_VLLM = textwrap.dedent(
+    """\
+    #!{python}
+    import os, signal, subprocess, sys, time
+    state = os.environ["FIXTURE_STATE"]
+    # A grandchild that outlives this process, as an engine core can.
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(state + "/argv", "w").write(" ".join(sys.argv[1:]))
+    open(state + "/env", "w").write(os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ""))
+    open(state + "/grandchild", "w").write(str(grandchild.pid))
+    def stop(signum, frame):
+        open(state + "/got", "w").write(str(signum))
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    open(state + "/ready", "w").write("1")
+    while True:
+        time.sleep(0.05)
+    """
+)
+
+
+def write_stack(tmp_path: Path) -> Path:
+    stack = tmp_path / "stack"
+    (stack / "bin").mkdir(parents=True)
+    vllm = stack / "bin" / "vllm"
+    vllm.write_text(FIXTURE_VLLM.format(python=sys.executable))
+    vllm.chmod(0o755)
+    return stack
+
+
+def wait_for(path: Path, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    cfg = {
+        "group": "g0",
+        "accelerator": "cpu",
+        "stack": "s",
+        "stack_dir": str(write_stack(tmp_path)),
+        "model_path": "/srv/models/m/r",
+        "served_name": "m",
+        "port": 8100,
+        "devices": [0, 1],
+        "max_model_len": 128,
+        "max_num_seqs": 2,
+        "kv_cache_bytes": 1 << 20,
+        "shutdown_timeout": 0,
+    }
+    config = tmp_path / "g0.json"
+    config.write_text(json.dumps(cfg))
+    env = dict(os.environ, FIXTURE_STATE=str(state), STATE_DIRECTORY=str(tmp_path / "statedir"))
+    wrapper = subprocess.Popen(
+        [sys.executable, "-m", "vllm_fleet.cli", "engine-run", str(config)], env=env
+    )
+    wait_for(state / "ready")
+    grandchild = int((state / "grandchild").read_text())
+    assert (state / "argv").read_text().startswith("serve /srv/models/m/r --served-model-name m")
+    assert (state / "env").read_text() == "0-1"
+
+    wrapper.send_signal(signal.SIGTERM)
+    assert wrapper.wait(timeout=30) == 0
+    assert (state / "got").read_text() == str(int(signal.SIGTERM))
+    # The orphaned grandchild was adopted by the wrapper and killed after the grace time.
+    assert not pid_alive(grandchild)
