@@ -65,7 +65,9 @@ def test_key_is_on_no_command_line_and_not_in_the_journal(host):
 def test_engine_runs_unprivileged_offline_and_pinned(host):
     pids = engine_pids(host)
     assert pids, "no process of user vllm"
-    assert host.check_output("pgrep -u root -f 'vllm serve' || true") == ""
+    serving = host.check_output("ps -eo user:16,args | grep '[ ]serve /srv/models'").splitlines()
+    assert serving
+    assert all(line.split()[0] == "vllm" for line in serving), serving
     main = host.check_output(f"systemctl show -p MainPID --value {UNIT}")
     children = host.check_output(f"pgrep -P {main}").split()
     environ = host.check_output(f"cat /proc/{children[0]}/environ | tr '\\0' '\\n'").splitlines()
