@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.lab_images import ENGINE_IMAGE_ENV, engine_image_tag
+from tests.lab_images import ENGINE_IMAGE_ENV, ENGINE_IMAGE_REPO, engine_image_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 BAKER = ("engine_runtime", "vf-engine-runtime")
@@ -23,36 +23,50 @@ SCENARIOS = ["model_weights", "vllm_engine"]
 
 def molecule(role: str, *args: str, env: dict[str, str]) -> int:
     print(f"\n=== molecule {' '.join(args)} ({role})", flush=True)
-    return subprocess.run(["molecule", *args], cwd=ROOT / "roles" / role, env=env, check=False).returncode
+    cwd = ROOT / "roles" / role
+    return subprocess.run(["molecule", *args], cwd=cwd, env=env, check=False).returncode
+
+
+def drop_stale_images(keep: str) -> None:
+    """Engine images of earlier sources are 3 GB each: keep only the current one."""
+    listing = subprocess.run(
+        ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}", ENGINE_IMAGE_REPO],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for image in listing:
+        if image != keep:
+            subprocess.run(["podman", "rmi", "--force", image], check=False)
 
 
 def main() -> int:
     env = dict(os.environ)
     image = engine_image_tag()
     env[ENGINE_IMAGE_ENV] = image
-    timings: list[tuple[str, float, str]] = []
-    failed = False
+    results: list[tuple[str, float, int]] = []
 
     role, container = BAKER
     started = time.monotonic()
     rc = molecule(role, "test", "--destroy=never", env=env)
     if rc == 0:
-        subprocess.run(["podman", "commit", "--quiet", container, image], check=True, env=env)
+        subprocess.run(["podman", "commit", "--quiet", container, image], check=True)
+        drop_stale_images(keep=image)
     molecule(role, "destroy", env=env)
-    timings.append((role, time.monotonic() - started, "ok" if rc == 0 else f"FAILED rc={rc}"))
-    failed |= rc != 0
+    results.append((role, time.monotonic() - started, rc))
 
-    for role in SCENARIOS if not failed else []:
-        started = time.monotonic()
-        rc = molecule(role, "test", env=env)
-        timings.append((role, time.monotonic() - started, "ok" if rc == 0 else f"FAILED rc={rc}"))
-        failed |= rc != 0
+    if rc == 0:
+        for role in SCENARIOS:
+            started = time.monotonic()
+            rc = molecule(role, "test", env=env)
+            results.append((role, time.monotonic() - started, rc))
 
     print("\nmolecule scenarios:")
-    for role, seconds, status in timings:
-        print(f"  {role:16s} {seconds:6.0f} s  {status}")
-    print(f"{sum(1 for t in timings if t[2] == 'ok')} passed, {sum(1 for t in timings if t[2] != 'ok')} failed")
-    return 1 if failed or len(timings) != 1 + len(SCENARIOS) else 0
+    for role, seconds, code in results:
+        print(f"  {role:16s} {seconds:6.0f} s  {'ok' if code == 0 else f'FAILED rc={code}'}")
+    passed = sum(1 for _, _, code in results if code == 0)
+    print(f"{passed} passed, {1 + len(SCENARIOS) - passed} failed")
+    return 0 if passed == 1 + len(SCENARIOS) else 1
 
 
 if __name__ == "__main__":

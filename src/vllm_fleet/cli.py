@@ -43,9 +43,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from vllm_fleet.weights import load_local_manifest, verify_dir
 
     rev_dir = Path(args.path)
-    problems = verify_dir(
-        rev_dir, load_local_manifest(rev_dir), args.full, args.workers, _stderr
-    )
+    problems = verify_dir(rev_dir, load_local_manifest(rev_dir), args.full, args.workers, _stderr)
     for problem in problems:
         print(f"{rev_dir}: {problem}")
     if not problems:
@@ -101,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0)
     p.set_defaults(func=_cmd_smoke)
 
-    weights = sub.add_parser("weights", help="model weights: publish, fetch, verify").add_subparsers(
-        dest="weights_command", required=True
-    )
+    weights = sub.add_parser(
+        "weights", help="model weights: publish, fetch, verify"
+    ).add_subparsers(dest="weights_command", required=True)
     p = weights.add_parser("publish", help="copy a model into a mirror; prints its revision")
     p.add_argument("--model", required=True)
     p.add_argument("source")

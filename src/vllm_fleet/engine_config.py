@@ -50,16 +50,13 @@ class EngineConfig(BaseModel):
 def compress_ranges(indices: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2,5' (the form OpenMP thread binding takes)."""
     ordered = sorted(set(indices))
-    parts: list[str] = []
-    start = prev = ordered[0]
-    for value in ordered[1:] + [None]:  # type: ignore[list-item]
-        if value is not None and value == prev + 1:
-            prev = value
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if value is not None:
-            start = prev = value
-    return ",".join(parts)
+    runs: list[list[int]] = []
+    for value in ordered:
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
 
 
 def device_env(accelerator: str, devices: list[int]) -> dict[str, str]:

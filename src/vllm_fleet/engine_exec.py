@@ -8,6 +8,7 @@ descendant before exiting makes stops clean there, and costs nothing elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -56,10 +57,8 @@ def reap_all(grace: float) -> None:
             continue
         if time.monotonic() > deadline:
             for child in children_of(os.getpid()):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             deadline = time.monotonic() + 5
         time.sleep(0.1)
 

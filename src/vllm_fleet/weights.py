@@ -347,7 +347,9 @@ class MirrorFetch:
             client.close()
 
     def _download_all(self, client: MirrorClient, manifest: Manifest, staging: Path) -> None:
-        progress = Progress(manifest.total_bytes, f"fetch {self.name}@{self.revision[:12]}", self.report)
+        progress = Progress(
+            manifest.total_bytes, f"fetch {self.name}@{self.revision[:12]}", self.report
+        )
         problems: list[str] = []
 
         def one(entry_index: int) -> None:

@@ -18,7 +18,7 @@ def lock_lines(wheelhouse: Path, exclude: set[str], workers: int = 4) -> list[st
         if name not in excluded:
             wheels.append((name, str(version), wheel))
     seen: dict[str, str] = {}
-    for name, version, wheel in wheels:
+    for name, _version, wheel in wheels:
         if name in seen:
             raise ValueError(f"{wheelhouse}: two wheels for {name}: {seen[name]} and {wheel.name}")
         seen[name] = wheel.name

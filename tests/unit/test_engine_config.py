@@ -48,7 +48,11 @@ def test_one_device_mapping_for_every_accelerator():
 
 def test_argv_loads_the_local_path_with_explicit_limits():
     argv = engine_argv(config(enforce_eager=True, block_size=32, extra_args=["--seed", "0"]))
-    assert argv[:3] == ["/opt/vllm-fleet/stacks/cpu-vllm-0.32.0/bin/vllm", "serve", "/srv/models/m/abc"]
+    assert argv[:3] == [
+        "/opt/vllm-fleet/stacks/cpu-vllm-0.32.0/bin/vllm",
+        "serve",
+        "/srv/models/m/abc",
+    ]
     pairs = dict(zip(argv[3::2], argv[4::2], strict=False))
     assert pairs["--served-model-name"] == "smollm2"
     assert pairs["--kv-cache-memory-bytes"] == str(1 << 30)

@@ -4,6 +4,7 @@ import stat
 import pytest
 
 from tests.unit.conftest import make_model
+from vllm_fleet import weights
 from vllm_fleet.hashing import sha256_file
 from vllm_fleet.publish import publish
 from vllm_fleet.weights import (
@@ -46,7 +47,9 @@ def test_fetch_installs_verified_read_only_and_points_current(mirror, tmp_path):
     assert stat.S_IMODE(target.stat().st_mode) == 0o555
     assert os.readlink(tmp_path / "srv" / "m" / "current") == mirror[2]
     assert load_local_manifest(target).revision_id() == mirror[2]
-    assert sorted(p.name for p in (tmp_path / "srv" / "m").iterdir()) == sorted(["current", mirror[2]])
+    assert sorted(p.name for p in (tmp_path / "srv" / "m").iterdir()) == sorted(
+        ["current", mirror[2]]
+    )
 
 
 def test_second_fetch_changes_nothing(mirror, tmp_path):
@@ -60,7 +63,8 @@ def test_second_fetch_changes_nothing(mirror, tmp_path):
 def test_corrupt_mirror_file_names_file_and_both_hashes_and_installs_nothing(mirror, tmp_path):
     _, mirror_dir, revision = mirror
     expected = next(
-        f.sha256 for f in load_local_manifest_from_mirror(mirror_dir / revision).files
+        f.sha256
+        for f in load_local_manifest_from_mirror(mirror_dir / revision).files
         if f.path == "model.safetensors"
     )
     flip_byte(mirror_dir / revision / "model.safetensors")
@@ -96,10 +100,10 @@ def test_truncated_and_missing_files_fail(mirror, tmp_path):
     weights = mirror_dir / revision / "model.safetensors"
     weights.chmod(0o644)
     weights.write_bytes(weights.read_bytes()[:1000])
-    with pytest.raises(WeightsError, match="model.safetensors: size 1000, expected 300000"):
+    with pytest.raises(WeightsError, match=r"model\.safetensors: size 1000, expected 300000"):
         fetch(mirror, tmp_path).run()
     (mirror_dir / revision / "tokenizer.json").unlink()
-    with pytest.raises(WeightsError, match="tokenizer.json"):
+    with pytest.raises(WeightsError, match=r"tokenizer\.json"):
         fetch(mirror, tmp_path).run()
 
 
@@ -146,8 +150,6 @@ def test_stamp_skips_rehash_until_a_file_changes(mirror, tmp_path, monkeypatch):
     target = tmp_path / "srv" / "m" / mirror[2]
     manifest = load_local_manifest(target)
     hashed = []
-    import vllm_fleet.weights as weights
-
     real = weights.sha256_files
     monkeypatch.setattr(
         weights, "sha256_files", lambda paths, *a, **k: hashed.extend(paths) or real(paths, *a, **k)

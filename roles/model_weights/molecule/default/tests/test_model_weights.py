@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import yaml
-
 from tests.molecule_hosts import podman_hosts
 
 testinfra_hosts = podman_hosts()
@@ -23,7 +22,11 @@ def manifest(host):
 def test_every_manifest_file_is_installed_read_only(host):
     data = manifest(host)
     assert data["revision"] == REVISION
-    assert {f["path"] for f in data["files"]} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert {f["path"] for f in data["files"]} >= {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    }
     for entry in data["files"]:
         f = host.file(f"{MODEL_DIR}/{entry['path']}")
         assert f.size == entry["size"]
@@ -47,12 +50,16 @@ def test_full_verify_passes(host):
 
 
 def test_a_flipped_byte_is_found_with_both_hashes(host):
-    expected = next(f["sha256"] for f in manifest(host)["files"] if f["path"] == "model.safetensors")
-    host.check_output("rm -rf /tmp/tamper && cp -a %s /tmp/tamper && chmod -R u+w /tmp/tamper", MODEL_DIR)
+    expected = next(
+        f["sha256"] for f in manifest(host)["files"] if f["path"] == "model.safetensors"
+    )
+    host.check_output(
+        "rm -rf /tmp/tamper && cp -a %s /tmp/tamper && chmod -R u+w /tmp/tamper", MODEL_DIR
+    )
     # Flip one byte in the middle of the weights.
     host.check_output(
         "python3 -c \"f=open('/tmp/tamper/model.safetensors','r+b'); f.seek(1<<20); b=f.read(1);"
-        " f.seek(1<<20); f.write(bytes([b[0]^1]))\""
+        ' f.seek(1<<20); f.write(bytes([b[0]^1]))"'
     )
     result = host.run("vllm-fleet weights verify --full /tmp/tamper")
     assert result.rc == 1
