@@ -1,0 +1,173 @@
+"""site.yml against a fresh lab: real systemd hosts, real vLLM engines, a real model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.lab.conftest import (
+    ENGINES,
+    ROOT,
+    engine_key,
+    engine_settings,
+    in_host,
+    pinned_revision,
+    playbook,
+    smoke_in,
+)
+from vllm_fleet.publish import publish
+
+CACHE = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))
+
+
+def test_first_run_deploys_and_smoke_passes(fresh_lab):
+    assert fresh_lab.returncode == 0, fresh_lab.output[-5000:]
+    recap = fresh_lab.recap()
+    assert set(ENGINES) <= set(recap)
+    assert all(recap[h]["failed"] == 0 and recap[h]["unreachable"] == 0 for h in recap)
+    assert fresh_lab.output.count("smoke http://127.0.0.1:8100: PASS") == len(ENGINES)
+
+
+def test_second_run_changes_nothing(fresh_lab):
+    again = playbook("site.yml")
+    assert again.returncode == 0, again.output[-5000:]
+    recap = again.recap()
+    assert set(ENGINES) <= set(recap)
+    assert {h: r["changed"] for h, r in recap.items()} == dict.fromkeys(recap, 0)
+    print(f"\nidempotent re-run: {again.seconds:.0f} s")
+
+
+def test_check_mode_on_a_converged_fleet_predicts_no_change(fresh_lab):
+    check = playbook("site.yml", "--check", "--diff")
+    assert check.returncode == 0, check.output[-5000:]
+    assert {h: r["changed"] for h, r in check.recap().items()} == dict.fromkeys(check.recap(), 0)
+
+
+def test_readme_curl_gets_an_answer_from_the_lab(fresh_lab):
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"^(curl .*(?:\n  .*)*)$", readme, re.MULTILINE)
+    assert commands, "README has no curl command"
+    out = subprocess.run(
+        commands[0], shell=True, cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    answer = json.loads(out)["choices"][0]["message"]["content"]
+    assert "Paris" in answer
+
+
+def test_each_engine_serves_on_its_own_core(fresh_lab):
+    for index, host in enumerate(ENGINES):
+        assert engine_settings(host)["devices"] == [index]
+        main = in_host(host, "systemctl", "show", "-p", "MainPID", "--value", "vllm-engine@g0")
+        child = in_host(host, "pgrep", "-P", main.stdout.strip()).stdout.split()[0]
+        environ = in_host(host, "cat", f"/proc/{child}/environ").stdout.split("\0")
+        assert f"VLLM_CPU_OMP_THREADS_BIND={index}" in environ
+
+
+def test_the_key_stays_out_of_command_lines_output_and_journal(fresh_lab):
+    key = engine_key()
+    assert key not in fresh_lab.output
+    for host in ENGINES:
+        cmdlines = in_host(
+            host,
+            "python3",
+            "-c",
+            "import glob\nfor p in glob.glob('/proc/[0-9]*/cmdline'):\n"
+            "    try: print(open(p, 'rb').read().replace(b'\\0', b' ').decode())\n"
+            "    except OSError: pass",
+        ).stdout
+        assert "serve /srv/models/" in cmdlines
+        assert key not in cmdlines
+        journal = in_host(host, "journalctl", "--no-pager", "-o", "cat").stdout
+        assert key not in journal
+        mode = in_host(host, "stat", "-c", "%a %U", "/etc/vllm-fleet/engines/g0.env").stdout
+        assert mode.split() == ["600", "root"]
+
+
+def test_a_wrong_key_makes_smoke_fail(fresh_lab):
+    in_host("engine01", "sh", "-c", "umask 077; echo VLLM_API_KEY=not-the-key > /tmp/wrong.env")
+    result = smoke_in("engine01", env_file="/tmp/wrong.env")
+    assert result.returncode == 1
+    assert "[FAIL] models: HTTP 401" in result.stdout
+
+
+@pytest.fixture
+def corrupt_revision(tmp_path):
+    """A new revision published to the mirror, then one byte of its weights flipped."""
+    source = tmp_path / "model"
+    shutil.copytree(CACHE / "converted" / "smollm2-135m", source)
+    (source / "NOTICE").write_text("revision used by the corruption test\n")
+    mirror_dir = CACHE / "mirror" / "models" / "smollm2-135m"
+    revision = publish("smollm2-135m", source, mirror_dir)
+    weights = mirror_dir / revision / "model.safetensors"
+    expected = hashlib.sha256(weights.read_bytes()).hexdigest()
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    actual = hashlib.sha256(bytes(data)).hexdigest()
+    yield revision, expected, actual
+    shutil.rmtree(mirror_dir / revision)
+
+
+def test_corrupt_weights_fail_the_run_and_the_previous_revision_keeps_serving(
+    fresh_lab, corrupt_revision, tmp_path
+):
+    revision, expected, actual = corrupt_revision
+    models = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/models.yml").read_text())
+    models["fleet_models"]["smollm2-135m"]["revision"] = revision
+    override = tmp_path / "override.yml"
+    override.write_text(yaml.safe_dump(models))
+
+    run = playbook("site.yml", "-e", f"@{override}")
+
+    assert run.returncode != 0
+    assert f"model.safetensors: sha256 mismatch: expected {expected}, got {actual}" in run.output
+    old = pinned_revision()
+    for host in ENGINES:
+        listing = in_host(host, "ls", "-A", "/srv/models/smollm2-135m").stdout.split()
+        assert sorted(listing) == sorted(["current", old]), listing
+        assert in_host(host, "readlink", "/srv/models/smollm2-135m/current").stdout.strip() == old
+        assert str(engine_settings(host)["model_path"]).endswith(old)
+        smoke = smoke_in(host)
+        assert smoke.returncode == 0, smoke.stdout
+
+
+def test_a_group_that_cannot_start_fails_with_its_journal_and_recovers(fresh_lab, tmp_path):
+    bad = tmp_path / "bad.yml"
+    group = engine_settings("engine02")
+    bad.write_text(
+        yaml.safe_dump(
+            {
+                "vllm_engine_start_timeout": 30,
+                "fleet_engine_groups": [
+                    {
+                        "name": "g0",
+                        "model": "smollm2-135m",
+                        "devices": group["devices"],
+                        "port": group["port"],
+                        "max_model_len": group["max_model_len"],
+                        "max_num_seqs": group["max_num_seqs"],
+                        "kv_cache_bytes": group["kv_cache_bytes"],
+                        "dtype": group["dtype"],
+                        "enforce_eager": True,
+                        "extra_args": ["--no-such-flag"],
+                    }
+                ],
+            }
+        )
+    )
+    broken = playbook("site.yml", "--limit", "engine02", "-e", f"@{bad}")
+    assert broken.returncode != 0
+    assert "engine group g0 (vllm-engine@g0.service) did not answer" in broken.output
+    assert "unrecognized arguments: --no-such-flag" in broken.output
+
+    restored = playbook("site.yml", "--limit", "engine02")
+    assert restored.returncode == 0, restored.output[-5000:]
+    assert "smoke http://127.0.0.1:8100: PASS" in restored.output

@@ -1,0 +1,51 @@
+"""The shipped inventories parse and fit the vllm_engine role's argument spec."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = yaml.safe_load((ROOT / "roles/vllm_engine/meta/argument_specs.yml").read_text())
+GROUP_OPTIONS = SPEC["argument_specs"]["main"]["options"]["vllm_engine_groups"]["options"]
+REQUIRED = {name for name, opt in GROUP_OPTIONS.items() if opt.get("required")}
+
+
+def hostvars(inventory: str) -> dict[str, dict]:
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-inventory"),
+            "-i",
+            str(ROOT / "inventories" / inventory),
+            "--list",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    return json.loads(out)["_meta"]["hostvars"]
+
+
+@pytest.mark.parametrize("inventory", ["lab", "example-cuda", "example-ascend"])
+def test_engine_groups_fit_the_role_spec(inventory):
+    engines = {h: v for h, v in hostvars(inventory).items() if "fleet_engine_groups" in v}
+    assert len(engines) >= 2
+    for host, hv in engines.items():
+        assert hv["fleet_accelerator"] in {"cpu", "cuda", "ascend"}
+        ports = [g["port"] for g in hv["fleet_engine_groups"]]
+        assert len(ports) == len(set(ports)), host
+        for group in hv["fleet_engine_groups"]:
+            assert set(group) >= REQUIRED, (host, group["name"])
+            assert set(group) <= set(GROUP_OPTIONS), (host, set(group) - set(GROUP_OPTIONS))
+            model = hv["fleet_models"][group["model"]]
+            assert len(model["revision"]) == 64
+
+
+@pytest.mark.parametrize("inventory", ["example-cuda", "example-ascend"])
+def test_examples_keep_the_key_in_vault(inventory):
+    for hv in hostvars(inventory).values():
+        assert set(hv["fleet_engine_api_key"]) == {"__ansible_vault"}
