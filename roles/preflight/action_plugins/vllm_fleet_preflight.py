@@ -1,0 +1,140 @@
+"""Action plugin: validate every host of the play on the controller with vllm_fleet.preflight.
+
+Runs once, reads each host's inventory variables and probed (or fixture) facts, and fails
+with every finding at once, before any role changes a host. Writes the plan and the
+findings under the report directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+from ansible.errors import AnsibleError
+from ansible.plugins.action import ActionBase
+
+from vllm_fleet.preflight import HostInput, PreflightResult, validate
+from vllm_fleet.preflight.facts import (
+    HostFacts,
+    parse_npu_smi,
+    parse_nvidia_smi,
+    parse_version_info,
+)
+from vllm_fleet.preflight.report import render_markdown
+
+# Inventory variables of the fleet itself (the roles' own come from their argument specs).
+FLEET_VARIABLES = {
+    "fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
+    "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url", "fleet_cache_dir",
+    "fleet_stacks", "preflight_kv_plan", "fleet_memory_utilization", "fleet_memory_reserve_bytes",
+    "preflight_facts", "preflight_probe", "preflight_nvidia_smi", "preflight_npu_smi",
+    "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_configs",
+    "preflight_result",
+}  # fmt: skip
+READ = ("fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models")
+ROLES_DIR = Path(__file__).resolve().parents[2]
+
+
+def role_variables() -> set[str]:
+    names: set[str] = set()
+    for spec_file in ROLES_DIR.glob("*/meta/argument_specs.yml"):
+        specs = yaml.safe_load(spec_file.read_text())["argument_specs"]
+        for entry in specs.values():
+            names.update(entry.get("options", {}))
+    return names
+
+
+def facts_of(hostvars: dict) -> tuple[HostFacts, dict[str, dict]]:
+    if "preflight_facts" in hostvars:
+        fixture = dict(hostvars["preflight_facts"])
+        configs = fixture.pop("model_configs", {})
+        return HostFacts.from_dict(fixture), configs
+    probe = hostvars.get("preflight_probe") or {}
+    facts = HostFacts(
+        python=probe.get("python", ""),
+        cpu_count=int(probe.get("cpu_count") or 0),
+        memory_bytes=int(probe.get("memory_mb") or 0) * 1024 * 1024,
+    )
+    if probe.get("nvidia_smi"):
+        facts.devices, facts.driver_version = parse_nvidia_smi(probe["nvidia_smi"])
+    if probe.get("npu_smi"):
+        facts.devices = parse_npu_smi(probe["npu_smi"])
+        facts.driver_version = parse_version_info(probe.get("ascend_driver_info", ""))
+        facts.cann_version = parse_version_info(probe.get("cann_info", ""))
+    configs = {}
+    for read in (hostvars.get("preflight_model_configs") or {}).get("results", []):
+        if read.get("content"):
+            configs[read["item"]] = json.loads(base64.b64decode(read["content"]))
+    return facts, configs
+
+
+class ActionModule(ActionBase):
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp: str | None = None, task_vars: dict | None = None) -> dict:
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        all_hostvars = task_vars["hostvars"]
+        known = FLEET_VARIABLES | role_variables()
+        hosts = []
+        for name in args["hosts"]:
+            hv = all_hostvars[name]
+            variables = {key: hv[key] for key in READ if key in hv}
+            for key in hv:
+                if key not in variables and key.split("_", 1)[0] in {
+                    "fleet",
+                    "vllm",
+                    "model",
+                    "engine",
+                    "preflight",
+                }:
+                    variables[key] = self._raw(hv, key)
+            facts, configs = facts_of(hv)
+            hosts.append(HostInput(name, variables, facts, configs))
+        outcome = validate(hosts, task_vars["fleet_stacks"], known)
+        report = self._write_report(outcome, Path(args["report_dir"]))
+        result["plan"] = [asdict(row) for row in outcome.plan]
+        # The KV size each engine group gets, for groups that leave it to the plan.
+        result["kv_plan"] = {name: {} for name in args["hosts"]}
+        for row in outcome.plan:
+            result["kv_plan"][row.host][row.group] = row.kv_cache_bytes
+        result["warnings_found"] = [str(w) for w in outcome.warnings]
+        result["report"] = str(report)
+        result["changed"] = False
+        if outcome.errors:
+            result["failed"] = True
+            result["msg"] = (
+                f"preflight refused the inventory ({len(outcome.errors)} problems); no host was changed:\n"
+                + "\n".join(f"- {e}" for e in outcome.errors)
+            )
+        else:
+            result["msg"] = render_markdown(outcome)
+        return result
+
+    @staticmethod
+    def _raw(hostvars: Mapping[str, object], key: str) -> object:
+        try:
+            return hostvars[key]
+        except AnsibleError:
+            return "<unrenderable>"
+
+    @staticmethod
+    def _write_report(outcome: PreflightResult, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        base = directory / f"preflight-{stamp}"
+        data = {
+            "errors": [asdict(e) for e in outcome.errors],
+            "warnings": [asdict(w) for w in outcome.warnings],
+            "plan": [asdict(row) for row in outcome.plan],
+        }
+        base.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+        base.with_suffix(".md").write_text(render_markdown(outcome))
+        return base.with_suffix(".md")

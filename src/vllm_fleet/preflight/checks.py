@@ -1,0 +1,620 @@
+"""The inventory checks. Each finding names the host, the key, the value and the fix."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+
+from vllm_fleet.kv_planner import (
+    DTYPE_BYTES,
+    AttentionShape,
+    PlanError,
+    largest_len,
+    plan,
+    request_kv_bytes,
+)
+from vllm_fleet.preflight.facts import HostFacts
+
+ACCELERATORS = ("cpu", "cuda", "ascend")
+MODEL_SOURCES = ("mirror", "hf", "modelscope", "local")
+# Settings of one engine group: the vllm_engine role's argument spec (a test keeps them equal).
+GROUP_REQUIRED = ("name", "model", "devices", "port", "max_model_len", "max_num_seqs")
+GROUP_OPTIONAL = (
+    "kv_cache_bytes", "dtype", "enforce_eager", "enable_prefix_caching",
+    "tensor_parallel_size", "block_size", "extra_args", "env",
+)  # fmt: skip
+MODEL_KEYS = ("source", "url", "repo", "revision", "served_name", "config", "weight_bytes")
+PINNED = {"mirror": re.compile(r"^[0-9a-f]{64}$"), "hf": re.compile(r"^[0-9a-f]{40}$")}
+PIN_FIX = {
+    "mirror": "pin the 64-hex sha256 of the mirror's manifest.json (vllm-fleet weights publish prints it)",
+    "hf": "pin a 40-hex commit sha (a branch or tag can move under you)",
+}
+GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+GIB = 1024**3
+
+
+@dataclass
+class Finding:
+    host: str
+    key: str
+    value: object
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.key}={self.value!r}: {self.message}; fix: {self.fix}"
+
+
+@dataclass
+class HostInput:
+    """What preflight knows of one host: its inventory variables and its facts."""
+
+    name: str
+    variables: dict[str, object]
+    facts: HostFacts
+    model_configs: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+@dataclass
+class PlanRow:
+    host: str
+    group: str
+    stack: str
+    devices: list[int]
+    kv_bytes_per_token: int
+    kv_cache_bytes: int
+    capacity_tokens: int
+    max_concurrency: float
+    max_model_len: int
+    max_num_seqs: int
+
+
+@dataclass
+class PreflightResult:
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    plan: list[PlanRow] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def did_you_mean(word: str, choices: object) -> str:
+    close = difflib.get_close_matches(word, [str(c) for c in choices], n=1, cutoff=0.6)  # type: ignore[attr-defined]
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+class HostChecker:
+    def __init__(
+        self,
+        host: HostInput,
+        catalog: dict[str, dict[str, object]],
+        known_keys: set[str],
+        result: PreflightResult,
+    ) -> None:
+        self.host = host
+        self.v = host.variables
+        self.catalog = catalog
+        self.known_keys = known_keys
+        self.result = result
+
+    def error(self, key: str, value: object, message: str, fix: str) -> None:
+        self.result.errors.append(Finding(self.host.name, key, value, message, fix))
+
+    def warn(self, key: str, value: object, message: str, fix: str) -> None:
+        self.result.warnings.append(Finding(self.host.name, key, value, message, fix))
+
+    def run(self) -> None:
+        self.check_unknown_keys()
+        if "fleet_engine_groups" not in self.v:
+            return
+        accelerator = self.check_accelerator()
+        stack = self.check_stack(accelerator)
+        groups = self.v.get("fleet_engine_groups")
+        if not isinstance(groups, list):
+            self.error(
+                "fleet_engine_groups",
+                groups,
+                "must be a list of engine groups",
+                "write one '- name: ...' item per engine group",
+            )
+            return
+        valid = [g for i, g in enumerate(groups) if self.check_group_shape(i, g)]
+        self.check_collisions(valid)
+        for group in valid:
+            self.check_group(group, accelerator, stack)
+
+    # -- host level -----------------------------------------------------------------------
+    def check_unknown_keys(self) -> None:
+        prefixes = {k.split("_", 1)[0] + "_" for k in self.known_keys}
+        for key in self.v:
+            if key in self.known_keys or not any(key.startswith(p) for p in prefixes):
+                continue
+            hint = did_you_mean(key, self.known_keys)
+            self.error(
+                key,
+                self.v[key],
+                f"unknown variable {hint}".strip(),
+                "rename it to a documented variable (roles/*/meta/argument_specs.yml) or remove it",
+            )
+
+    def check_accelerator(self) -> str | None:
+        value = self.v.get("fleet_accelerator")
+        if value not in ACCELERATORS:
+            hint = did_you_mean(str(value), ACCELERATORS)
+            self.error(
+                "fleet_accelerator",
+                value,
+                f"not an accelerator vllm-fleet drives {hint}".strip(),
+                f"set it to one of {', '.join(ACCELERATORS)}",
+            )
+            return None
+        return str(value)
+
+    def check_stack(self, accelerator: str | None) -> dict[str, object] | None:
+        name = self.v.get("fleet_engine_stack")
+        if name not in self.catalog:
+            hint = did_you_mean(str(name), self.catalog)
+            self.error(
+                "fleet_engine_stack",
+                name,
+                f"not in the stacks catalog {hint}".strip(),
+                f"use one of {', '.join(sorted(self.catalog))} (catalog/stacks.yml)",
+            )
+            return None
+        stack = self.catalog[str(name)]
+        if accelerator and stack.get("accelerator") != accelerator:
+            self.error(
+                "fleet_engine_stack",
+                name,
+                f"is built for {stack.get('accelerator')}, this host's fleet_accelerator is {accelerator}",
+                f"pick a {accelerator} stack from catalog/stacks.yml",
+            )
+        facts = self.host.facts
+        if facts.python and str(stack.get("python")) != facts.python:
+            self.error(
+                "fleet_engine_stack",
+                name,
+                f"is locked for Python {stack.get('python')}, the host has Python {facts.python}",
+                f"install Python {stack.get('python')} on the host or pick a stack for {facts.python}",
+            )
+        requires = stack.get("requires") or {}
+        assert isinstance(requires, dict)
+        self.check_driver(str(name), requires, facts)
+        return stack
+
+    def check_driver(self, name: str, requires: dict[str, object], facts: HostFacts) -> None:
+        minimum = requires.get("cuda_driver_min")
+        if minimum and facts.driver_version:
+            have = int(facts.driver_version.split(".")[0])
+            if have < int(str(minimum)):
+                self.error(
+                    "fleet_engine_stack",
+                    name,
+                    f"needs NVIDIA driver >= {minimum} (CUDA {requires.get('cuda')}), "
+                    f"the host has {facts.driver_version}",
+                    f"upgrade the driver to branch {minimum} or newer (cuda_stack) or pick an older stack",
+                )
+        cann = requires.get("cann")
+        if cann and facts.cann_version and not facts.cann_version.startswith(str(cann)):
+            self.error(
+                "fleet_engine_stack",
+                name,
+                f"needs CANN {cann}, the host has CANN {facts.cann_version}",
+                f"install CANN {cann} (ascend_stack) or pick the stack matching CANN {facts.cann_version}",
+            )
+
+    # -- groups ---------------------------------------------------------------------------
+    def check_group_shape(self, index: int, group: object) -> bool:
+        where = f"fleet_engine_groups[{index}]"
+        if not isinstance(group, dict):
+            self.error(
+                where,
+                group,
+                "an engine group must be a mapping",
+                "write name:, model:, devices:, ... keys",
+            )
+            return False
+        label = f"fleet_engine_groups[{group.get('name', index)}]"
+        ok = True
+        for key in group:
+            if key not in GROUP_REQUIRED + GROUP_OPTIONAL:
+                hint = did_you_mean(str(key), GROUP_REQUIRED + GROUP_OPTIONAL)
+                self.error(
+                    f"{label}.{key}",
+                    group[key],
+                    f"unknown engine group setting {hint}".strip(),
+                    "use the settings listed in roles/vllm_engine/meta/argument_specs.yml",
+                )
+                ok = False
+        for key in GROUP_REQUIRED:
+            if key not in group:
+                self.error(
+                    f"{label}.{key}", None, "required setting missing", f"add {key}: to the group"
+                )
+                ok = False
+        if not ok:
+            return False
+        checks = [
+            (
+                "name",
+                isinstance(group["name"], str) and GROUP_NAME.match(group["name"]) is not None,
+                "letters, digits, '.', '_' or '-' only (it becomes a unit name)",
+            ),
+            (
+                "port",
+                isinstance(group["port"], int) and 1024 <= group["port"] <= 65535,
+                "an integer from 1024 to 65535",
+            ),
+            (
+                "devices",
+                isinstance(group["devices"], list)
+                and bool(group["devices"])
+                and all(isinstance(d, int) and d >= 0 for d in group["devices"]),
+                "a non-empty list of device indices (integers >= 0)",
+            ),
+            (
+                "max_model_len",
+                isinstance(group["max_model_len"], int) and group["max_model_len"] > 0,
+                "a positive number of tokens",
+            ),
+            (
+                "max_num_seqs",
+                isinstance(group["max_num_seqs"], int) and group["max_num_seqs"] > 0,
+                "a positive number of requests",
+            ),
+        ]
+        for key, good, fix in checks:
+            if not good:
+                self.error(f"{label}.{key}", group[key], "invalid value", f"use {fix}")
+                ok = False
+        return ok
+
+    def check_collisions(self, groups: list[dict[str, object]]) -> None:
+        seen_names: set[object] = set()
+        ports: dict[object, object] = {}
+        owners: dict[int, object] = {}
+        for group in groups:
+            name = group["name"]
+            if name in seen_names:
+                self.error(
+                    f"fleet_engine_groups[{name}].name",
+                    name,
+                    "two groups share this name",
+                    "give every group on a host its own name",
+                )
+            seen_names.add(name)
+            port = group["port"]
+            if port in ports:
+                self.error(
+                    f"fleet_engine_groups[{name}].port",
+                    port,
+                    f"already used by group {ports[port]}",
+                    "give every group on a host its own port",
+                )
+            ports[port] = name
+            devices = group["devices"]
+            assert isinstance(devices, list)
+            if len(set(devices)) != len(devices):
+                self.error(
+                    f"fleet_engine_groups[{name}].devices",
+                    devices,
+                    "lists a device twice",
+                    "list each device once",
+                )
+            for device in devices:
+                if device in owners and owners[device] != name:
+                    self.error(
+                        f"fleet_engine_groups[{name}].devices",
+                        devices,
+                        f"device {device} is also given to group {owners[device]}",
+                        "give each device to one group only",
+                    )
+                owners.setdefault(device, name)
+
+    def check_group(
+        self, group: dict[str, object], accelerator: str | None, stack: dict[str, object] | None
+    ) -> None:
+        name = group["name"]
+        label = f"fleet_engine_groups[{name}]"
+        devices = group["devices"]
+        assert isinstance(devices, list)
+        self.check_device_indices(label, devices, accelerator)
+        model = self.check_model(label, group)
+        tp = group.get("tensor_parallel_size", 1)
+        if not isinstance(tp, int) or tp < 1:
+            self.error(
+                f"{label}.tensor_parallel_size", tp, "invalid value", "use a positive integer"
+            )
+            return
+        if tp != len(devices):
+            self.error(
+                f"{label}.tensor_parallel_size",
+                tp,
+                f"differs from the {len(devices)} devices the group has",
+                f"set tensor_parallel_size: {len(devices)} or list {tp} devices",
+            )
+        dtype = str(group.get("dtype", "auto"))
+        if dtype != "auto" and dtype.lower() not in DTYPE_BYTES:
+            self.error(
+                f"{label}.dtype",
+                dtype,
+                "not a dtype vLLM serves",
+                "use auto, float32, bfloat16 or float16",
+            )
+            return
+        block = group.get("block_size")
+        if (
+            accelerator == "cpu"
+            and block is not None
+            and (not isinstance(block, int) or block % 32)
+        ):
+            self.error(
+                f"{label}.block_size",
+                block,
+                "the CPU backend needs a multiple of 32",
+                "use 32, 64, 128 ... or leave it unset (128)",
+            )
+        kv = group.get("kv_cache_bytes")
+        if accelerator == "cpu" and kv is None:
+            self.error(
+                f"{label}.kv_cache_bytes",
+                None,
+                "must be set on CPU: vLLM would otherwise take 92% of the host's RAM",
+                "set kv_cache_bytes (e.g. 1073741824 for 1 GiB)",
+            )
+        if model is not None and stack is not None and accelerator is not None:
+            self.plan_group(
+                label=label, group=group, model=model, accelerator=accelerator, tp=tp, dtype=dtype
+            )
+
+    def check_device_indices(self, label: str, devices: list[int], accelerator: str | None) -> None:
+        facts = self.host.facts
+        if accelerator == "cpu":
+            count, what = facts.cpu_count, "CPU cores"
+        else:
+            count, what = len(facts.devices), f"{accelerator} devices"
+        if not count:
+            return
+        beyond = [d for d in devices if d >= count]
+        if beyond:
+            self.error(
+                f"{label}.devices",
+                devices,
+                f"devices {beyond} do not exist: the host has {count} {what} (0-{count - 1})",
+                f"use indices below {count}",
+            )
+        unhealthy = [d.index for d in facts.devices if d.index in devices and not d.healthy]
+        if unhealthy:
+            self.error(
+                f"{label}.devices",
+                devices,
+                f"devices {unhealthy} report unhealthy",
+                "repair them (npu-smi info / nvidia-smi) or move the group to healthy devices",
+            )
+
+    def check_model(self, label: str, group: dict[str, object]) -> dict[str, object] | None:
+        models = self.v.get("fleet_models") or {}
+        assert isinstance(models, dict)
+        name = group["model"]
+        if name not in models:
+            hint = did_you_mean(str(name), models)
+            self.error(
+                f"{label}.model",
+                name,
+                f"not in fleet_models {hint}".strip(),
+                f"add it to fleet_models or use one of {', '.join(sorted(map(str, models)))}",
+            )
+            return None
+        model = models[name]
+        where = f"fleet_models.{name}"
+        for key in model:
+            if key not in MODEL_KEYS:
+                hint = did_you_mean(str(key), MODEL_KEYS)
+                self.error(
+                    f"{where}.{key}",
+                    model[key],
+                    f"unknown model setting {hint}".strip(),
+                    f"use {', '.join(MODEL_KEYS)}",
+                )
+        source = model.get("source")
+        if source not in MODEL_SOURCES:
+            self.error(
+                f"{where}.source",
+                source,
+                "unknown source",
+                f"use one of {', '.join(MODEL_SOURCES)}",
+            )
+            return None
+        revision = str(model.get("revision", ""))
+        pattern = PINNED.get(str(source))
+        if pattern and not pattern.match(revision):
+            self.error(
+                f"{where}.revision", model.get("revision"), "not pinned", PIN_FIX[str(source)]
+            )
+        if not model.get("served_name"):
+            self.error(
+                f"{where}.served_name",
+                model.get("served_name"),
+                "missing",
+                "set the name clients will ask for",
+            )
+        return model
+
+    # -- KV plan --------------------------------------------------------------------------
+    def plan_group(
+        self,
+        *,
+        label: str,
+        group: dict[str, object],
+        model: dict[str, object],
+        accelerator: str,
+        tp: int,
+        dtype: str,
+    ) -> None:
+        config = self.host.model_configs.get(str(group["model"])) or model.get("config")
+        if not isinstance(config, dict):
+            self.warn(
+                f"fleet_models.{group['model']}.config",
+                None,
+                "no config.json known for this model: KV plan skipped",
+                "add the attention fields of its config.json under config:, or fetch the weights once",
+            )
+            return
+        try:
+            shape = AttentionShape.from_config(config)
+        except PlanError as err:
+            self.error(
+                f"fleet_models.{group['model']}.config",
+                None,
+                str(err),
+                "copy the model's config.json fields",
+            )
+            return
+        heads, kv_heads = shape.num_attention_heads, shape.num_kv_heads
+        if heads % tp:
+            self.error(
+                f"{label}.tensor_parallel_size",
+                tp,
+                f"does not divide the model's {heads} attention heads",
+                f"use a TP size that divides {heads}",
+            )
+            return
+        if not shape.is_mla and kv_heads % tp and tp % kv_heads:
+            self.error(
+                f"{label}.tensor_parallel_size",
+                tp,
+                f"and the model's {kv_heads} KV heads do not divide one another",
+                f"use a TP size that divides {kv_heads} or a multiple of it",
+            )
+            return
+        limit = config.get("max_position_embeddings")
+        max_len = int(group["max_model_len"])  # type: ignore[call-overload]
+        if isinstance(limit, int) and max_len > limit:
+            self.error(
+                f"{label}.max_model_len",
+                max_len,
+                f"exceeds the model's max_position_embeddings {limit}",
+                f"use max_model_len <= {limit}",
+            )
+            return
+        kv_dtype = shape.dtype if dtype == "auto" else dtype
+        capacity = self.kv_capacity(label, group, model, accelerator, tp)
+        if capacity is None:
+            return
+        seqs = int(group["max_num_seqs"])  # type: ignore[call-overload]
+        result = plan(shape, capacity, max_len, seqs, tp=tp, kv_dtype=kv_dtype)
+        self.result.plan.append(
+            PlanRow(
+                self.host.name,
+                str(group["name"]),
+                str(self.v.get("fleet_engine_stack")),
+                list(group["devices"]),
+                result.kv_bytes_per_token,
+                capacity,  # type: ignore[call-overload]
+                result.capacity_tokens,
+                round(result.max_concurrency, 2),
+                max_len,
+                seqs,
+            )
+        )
+        if not result.one_request_fits:
+            one = largest_len(shape, capacity, 1, tp, kv_dtype)
+            fixes = [f"lower max_model_len to {one}"]
+            needed = request_kv_bytes(shape, max_len, tp, kv_dtype)
+            fixes.append(
+                f"raise kv_cache_bytes to {needed}"
+                if group.get("kv_cache_bytes")
+                else f"raise tensor_parallel_size to {self.fitting_tp(shape, max_len, kv_dtype, tp)}"
+            )
+            self.error(
+                f"{label}.max_model_len",
+                max_len,
+                f"one {max_len}-token request needs {needed / GIB:.2f} GiB of KV cache "
+                f"({result.kv_bytes_per_token} bytes/token), only {capacity / GIB:.2f} GiB is available",
+                " or ".join(fixes),
+            )
+        elif not result.target_fits:
+            fit = int(result.max_concurrency)
+            self.warn(
+                f"{label}.max_num_seqs",
+                seqs,
+                f"{seqs} requests of {max_len} tokens need {seqs * result.request_bytes / GIB:.2f} GiB "
+                f"of KV cache, {capacity / GIB:.2f} GiB holds {result.max_concurrency:.1f}",
+                f"lower max_num_seqs to {fit} or max_model_len to {result.max_model_len_for_target}",
+            )
+
+    def fitting_tp(self, shape: AttentionShape, max_len: int, kv_dtype: str, tp: int) -> int:
+        for candidate in (2, 4, 8, 16):
+            if candidate > tp and shape.num_attention_heads % candidate == 0:
+                return candidate
+        return tp * 2
+
+    def kv_capacity(
+        self,
+        label: str,
+        group: dict[str, object],
+        model: dict[str, object],
+        accelerator: str,
+        tp: int,
+    ) -> int | None:
+        explicit = group.get("kv_cache_bytes")
+        facts = self.host.facts
+        weights = int(model.get("weight_bytes") or 0)  # type: ignore[call-overload]
+        utilization = float(self.v.get("fleet_memory_utilization", 0.9))  # type: ignore[arg-type]
+        reserve = int(self.v.get("fleet_memory_reserve_bytes", 2 * GIB))  # type: ignore[call-overload]
+        if accelerator == "cpu":
+            memory = facts.memory_bytes
+            per_device_weights = weights
+        else:
+            devices = [d for d in facts.devices if d.index in group["devices"]]  # type: ignore[operator]
+            memory = min((d.memory_bytes for d in devices), default=0)
+            per_device_weights = weights // tp
+        available = int(memory * utilization) - per_device_weights - reserve if memory else None
+        if explicit is not None:
+            if not isinstance(explicit, int) or explicit <= 0:
+                self.error(
+                    f"{label}.kv_cache_bytes",
+                    explicit,
+                    "invalid value",
+                    "use a positive number of bytes",
+                )
+                return None
+            if available is not None and explicit > available:
+                self.error(
+                    f"{label}.kv_cache_bytes",
+                    explicit,
+                    f"does not fit: {memory / GIB:.1f} GiB x {utilization} - {per_device_weights / GIB:.2f} GiB "
+                    f"weights - {reserve / GIB:.1f} GiB reserve leaves {available / GIB:.2f} GiB",
+                    f"set kv_cache_bytes <= {max(available, 0)} or free memory",
+                )
+                return None
+            return explicit
+        if available is None:
+            self.warn(
+                f"{label}.kv_cache_bytes",
+                None,
+                "no device memory known: KV plan skipped",
+                "set kv_cache_bytes explicitly",
+            )
+            return None
+        if available <= 0:
+            self.error(
+                f"{label}.devices",
+                group["devices"],
+                f"the weights ({per_device_weights / GIB:.2f} GiB per device) leave no memory for a KV cache",
+                "raise tensor_parallel_size or use bigger devices",
+            )
+            return None
+        return available
+
+
+def validate(
+    hosts: list[HostInput], catalog: dict[str, dict[str, object]], known_keys: set[str]
+) -> PreflightResult:
+    result = PreflightResult()
+    for host in hosts:
+        HostChecker(host, catalog, known_keys, result).run()
+    return result

@@ -1,0 +1,113 @@
+"""Preflight refuses each bad inventory of the corpus with its own message, and passes good ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.unit.preflight.bases import base
+from vllm_fleet.preflight import HostInput, validate
+from vllm_fleet.preflight.checks import GROUP_OPTIONAL, GROUP_REQUIRED
+from vllm_fleet.preflight.facts import HostFacts
+
+ROOT = Path(__file__).resolve().parents[3]
+CATALOG = yaml.safe_load((ROOT / "catalog/stacks.yml").read_text())["fleet_stacks"]
+CASES = yaml.safe_load((Path(__file__).with_name("cases.yml")).read_text())
+KNOWN = {
+    "fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
+    "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url",
+}  # fmt: skip
+
+
+def walk(tree: dict, path: str) -> tuple[object, str | int]:
+    *parents, last = path.split("/")
+    node: object = tree
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else node[part]  # type: ignore[index]
+    return node, int(last) if isinstance(node, list) else last
+
+
+def mutate(case: dict) -> dict:
+    host = base(case["base"])
+    for path, value in (case.get("set") or {}).items():
+        node, key = walk(host, path)
+        node[key] = value  # type: ignore[index]
+    for path in case.get("delete") or []:
+        node, key = walk(host, path)
+        del node[key]  # type: ignore[arg-type]
+    for path, value in (case.get("append") or {}).items():
+        node, key = walk(host, path)
+        node[key].append(value)  # type: ignore[index]
+    return host
+
+
+def run(host: dict, name: str = "host1"):
+    facts = HostFacts.from_dict(host["facts"])
+    return validate([HostInput(name, host["variables"], facts)], CATALOG, KNOWN)
+
+
+def test_the_corpus_is_big_and_every_message_is_its_own():
+    assert len(CASES) >= 25
+    assert len({c["expect"] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_bad_inventory_is_refused_with_its_message(case):
+    result = run(mutate(case))
+    messages = [str(e) for e in result.errors]
+    assert not result.ok
+    assert any(case["expect"] in m for m in messages), messages
+    assert all(m.startswith("host1: ") and "; fix: " in m for m in messages)
+
+
+@pytest.mark.parametrize("name", ["cpu", "cuda", "ascend"])
+def test_good_hosts_pass_and_get_a_plan(name):
+    result = run(base(name))
+    assert result.errors == []
+    assert len(result.plan) == 1
+    assert result.plan[0].capacity_tokens > 0
+
+
+def test_lab_engine_plan_matches_hand_figures():
+    row = run(base("cpu")).plan[0]
+    # 1.5 GiB / 46080 bytes per token (float32 KV of SmolLM2-135M)
+    assert (row.kv_bytes_per_token, row.capacity_tokens) == (46_080, 34_952)
+    assert row.max_concurrency == 17.07
+
+
+def test_gpu_plan_chooses_the_kv_size_from_memory():
+    row = run(base("cuda")).plan[0]
+    # 80 GiB x 0.9 - 141107412992 / 4 weights - 2 GiB reserve
+    assert row.kv_cache_bytes == int(80 * 1024**3 * 0.9) - 141_107_412_992 // 4 - 2 * 1024**3
+    assert row.kv_bytes_per_token == 2 * 2 * 128 * 2 * 80  # 2 KV heads per rank at TP 4
+
+
+def test_target_concurrency_that_does_not_fit_is_a_warning_with_numbers():
+    host = base("cpu")
+    host["variables"]["fleet_engine_groups"][0]["max_num_seqs"] = 64
+    result = run(host)
+    assert result.ok
+    [warning] = result.warnings
+    assert "64 requests of 2048 tokens need 5.62 GiB of KV cache, 1.50 GiB holds 17.1" in str(
+        warning
+    )
+    assert "lower max_num_seqs to 17 or max_model_len to 546" in str(warning)
+
+
+def test_mla_model_plans_with_the_latent_size():
+    host = base("cuda")
+    host["variables"]["fleet_models"]["llama-3.1-70b"]["config"] = {
+        "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128,
+        "hidden_size": 7168, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    row = run(host).plan[0]
+    assert row.kv_bytes_per_token == 576 * 2 * 61
+
+
+def test_group_settings_match_the_vllm_engine_argument_spec():
+    spec = yaml.safe_load((ROOT / "roles/vllm_engine/meta/argument_specs.yml").read_text())
+    options = spec["argument_specs"]["main"]["options"]["vllm_engine_groups"]["options"]
+    assert set(options) == set(GROUP_REQUIRED + GROUP_OPTIONAL)
+    assert {k for k, o in options.items() if o.get("required")} == set(GROUP_REQUIRED)

@@ -1,0 +1,59 @@
+"""playbooks/preflight.yml end to end on the example inventories, their facts from fixtures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
+
+
+def preflight(inventory: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            PLAYBOOK, "-i", f"inventories/{inventory}", "-i", f"tests/fixtures/facts/{inventory}.yml",
+            "playbooks/preflight.yml", "-e", "preflight_gather=false",
+            "-e", f"preflight_report_dir={tmp_path}", *extra,
+        ],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("inventory", "rows", "per_token"),
+    [("example-cuda", 4, 81_920), ("example-ascend", 4, 31_104)],
+)
+def test_examples_pass_and_write_the_plan(inventory, rows, per_token, tmp_path):
+    run = preflight(inventory, tmp_path, "--check")
+    assert run.returncode == 0, run.stdout[-3000:]
+    [report] = tmp_path.glob("preflight-*.json")
+    data = json.loads(report.read_text())
+    assert data["errors"] == []
+    assert len(data["plan"]) == rows
+    assert data["plan"][0]["kv_bytes_per_token"] == per_token
+    assert (tmp_path / report.name.replace(".json", ".md")).read_text().startswith("| host | group")
+
+
+def test_a_bad_example_is_refused_with_host_key_value_and_fix(tmp_path):
+    overlap = json.dumps(
+        {
+            "fleet_engine_groups": [
+                {"name": "a", "model": "llama-3.1-70b-instruct", "devices": [0, 1, 2, 3],
+                 "tensor_parallel_size": 4, "port": 8100, "max_model_len": 8192, "max_num_seqs": 8},
+                {"name": "b", "model": "llama-3.1-70b-instruct", "devices": [3, 4, 5, 6],
+                 "tensor_parallel_size": 4, "port": 8101, "max_model_len": 8192, "max_num_seqs": 8},
+            ]
+        }
+    )  # fmt: skip
+    run = preflight("example-cuda", tmp_path, "--limit", "engines", "-e", overlap)
+    assert run.returncode != 0
+    assert (
+        "h100-01.infer.example.internal: fleet_engine_groups[b].devices=[3, 4, 5, 6]: "
+        "device 3 is also given to group a; fix: give each device to one group only"
+    ) in run.stdout
+    assert "no host was changed" in run.stdout
