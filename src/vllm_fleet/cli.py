@@ -72,6 +72,15 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_model_info(args: argparse.Namespace) -> int:
+    from vllm_fleet.kv_planner import safetensors_weight_bytes
+
+    model_dir = Path(args.path)
+    config = json.loads((model_dir / "config.json").read_text())
+    print(json.dumps({"config": config, "weight_bytes": safetensors_weight_bytes(model_dir)}))
+    return 0
+
+
 def _cmd_lock(args: argparse.Namespace) -> int:
     from vllm_fleet.wheel_lock import lock_lines
 
@@ -124,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true")
     p.add_argument("--workers", type=int, default=4)
     p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("model-info", help="config.json and weight bytes (from safetensors headers)")
+    p.add_argument("path", help="an installed model revision directory")
+    p.set_defaults(func=_cmd_model_info)
 
     p = sub.add_parser("lock", help="print a hash lock for a wheelhouse")
     p.add_argument("wheelhouse")

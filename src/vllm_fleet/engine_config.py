@@ -37,6 +37,7 @@ class EngineConfig(BaseModel):
     max_model_len: int = Field(gt=0)
     max_num_seqs: int = Field(gt=0)
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     kv_cache_bytes: int = Field(gt=0)
     tensor_parallel_size: int = Field(default=1, ge=1)
     enforce_eager: bool = False
@@ -89,6 +90,8 @@ def engine_argv(cfg: EngineConfig) -> list[str]:
         cfg.dtype,
         "--kv-cache-memory-bytes",
         str(cfg.kv_cache_bytes),
+        "--kv-cache-dtype",
+        cfg.kv_cache_dtype,
         "--tensor-parallel-size",
         str(cfg.tensor_parallel_size),
         "--shutdown-timeout",

@@ -171,3 +171,28 @@ def test_a_group_that_cannot_start_fails_with_its_journal_and_recovers(fresh_lab
     restored = playbook("site.yml", "--limit", "engine02")
     assert restored.returncode == 0, restored.output[-5000:]
     assert "smoke http://127.0.0.1:8100: PASS" in restored.output
+
+
+def test_a_bad_inventory_is_refused_before_any_host_changes(fresh_lab):
+    run = playbook(
+        "site.yml", "-e", "fleet_engine_stak=cpu-vllm-0.32.0", "-e", "vllm_engine_start_timeout=5"
+    )
+    assert run.returncode != 0
+    assert (
+        "fleet_engine_stak='cpu-vllm-0.32.0': unknown variable did you mean 'fleet_engine_stack'?"
+        in run.output
+    )
+    assert "Engine hosts - runtime, weights, engines" not in run.output
+    assert {h: r["changed"] for h, r in run.recap().items()} == dict.fromkeys(run.recap(), 0)
+    for host in ENGINES:
+        assert smoke_in(host).returncode == 0
+
+
+def test_preflight_plans_the_lab_from_the_installed_config(fresh_lab):
+    run = playbook("playbooks/preflight.yml", "--check")
+    assert run.returncode == 0, run.output[-3000:]
+    # 1.5 GiB / 46080 bytes per token (SmolLM2-135M, float32 KV), read from the host's config.json
+    assert (
+        "| engine01 | g0 | cpu-vllm-0.32.0 | 0 | 46080 | 1.50 GiB | 34952 | 17.07 | 2048"
+        in run.output
+    )

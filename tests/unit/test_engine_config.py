@@ -57,6 +57,7 @@ def test_argv_loads_the_local_path_with_explicit_limits():
     assert pairs["--served-model-name"] == "smollm2"
     assert pairs["--kv-cache-memory-bytes"] == str(1 << 30)
     assert pairs["--max-model-len"] == "2048"
+    assert pairs["--kv-cache-dtype"] == "auto"
     assert "--enforce-eager" in argv
     assert argv[-4:] == ["--block-size", "32", "--seed", "0"]
     assert "--enable-prefix-caching" in argv

@@ -153,3 +153,18 @@ def test_weight_bytes_come_from_safetensors_headers(tmp_path):
     raw = json.dumps(header).encode()
     (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(76))
     assert safetensors_weight_bytes(tmp_path) == 4 * 8 * 2 + 3 * 4
+
+
+def test_model_info_cli_reads_config_and_header_sizes(tmp_path, capsys):
+    from vllm_fleet.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps(SMOLLM2_135M))
+    header = json.dumps(
+        {"w": {"dtype": "BF16", "shape": [10, 10], "data_offsets": [0, 200]}}
+    ).encode()
+    (tmp_path / "model.safetensors").write_bytes(
+        struct.pack("<Q", len(header)) + header + bytes(200)
+    )
+    assert main(["model-info", str(tmp_path)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info == {"config": SMOLLM2_135M, "weight_bytes": 200}

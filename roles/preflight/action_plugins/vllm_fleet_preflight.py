@@ -7,7 +7,6 @@ findings under the report directory.
 
 from __future__ import annotations
 
-import base64
 import json
 import time
 from collections.abc import Mapping
@@ -33,7 +32,8 @@ FLEET_VARIABLES = {
     "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url", "fleet_cache_dir",
     "fleet_stacks", "preflight_kv_plan", "fleet_memory_utilization", "fleet_memory_reserve_bytes",
     "preflight_facts", "preflight_probe", "preflight_nvidia_smi", "preflight_npu_smi",
-    "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_configs",
+    "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_info",
+    "preflight_agent",
     "preflight_result",
 }  # fmt: skip
 READ = ("fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models")
@@ -52,8 +52,8 @@ def role_variables() -> set[str]:
 def facts_of(hostvars: dict) -> tuple[HostFacts, dict[str, dict]]:
     if "preflight_facts" in hostvars:
         fixture = dict(hostvars["preflight_facts"])
-        configs = fixture.pop("model_configs", {})
-        return HostFacts.from_dict(fixture), configs
+        models = fixture.pop("models", {})
+        return HostFacts.from_dict(fixture), models
     probe = hostvars.get("preflight_probe") or {}
     facts = HostFacts(
         python=probe.get("python", ""),
@@ -66,11 +66,11 @@ def facts_of(hostvars: dict) -> tuple[HostFacts, dict[str, dict]]:
         facts.devices = parse_npu_smi(probe["npu_smi"])
         facts.driver_version = parse_version_info(probe.get("ascend_driver_info", ""))
         facts.cann_version = parse_version_info(probe.get("cann_info", ""))
-    configs = {}
-    for read in (hostvars.get("preflight_model_configs") or {}).get("results", []):
-        if read.get("content"):
-            configs[read["item"]] = json.loads(base64.b64decode(read["content"]))
-    return facts, configs
+    models = {}
+    for read in (hostvars.get("preflight_model_info") or {}).get("results", []):
+        if read.get("rc") == 0 and read.get("stdout"):
+            models[read["item"]] = json.loads(read["stdout"])
+    return facts, models
 
 
 class ActionModule(ActionBase):
@@ -96,8 +96,8 @@ class ActionModule(ActionBase):
                     "preflight",
                 }:
                     variables[key] = self._raw(hv, key)
-            facts, configs = facts_of(hv)
-            hosts.append(HostInput(name, variables, facts, configs))
+            facts, models = facts_of(hv)
+            hosts.append(HostInput(name, variables, facts, models))
         outcome = validate(hosts, task_vars["fleet_stacks"], known)
         report = self._write_report(outcome, Path(args["report_dir"]))
         result["plan"] = [asdict(row) for row in outcome.plan]

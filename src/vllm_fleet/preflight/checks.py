@@ -21,7 +21,7 @@ MODEL_SOURCES = ("mirror", "hf", "modelscope", "local")
 # Settings of one engine group: the vllm_engine role's argument spec (a test keeps them equal).
 GROUP_REQUIRED = ("name", "model", "devices", "port", "max_model_len", "max_num_seqs")
 GROUP_OPTIONAL = (
-    "kv_cache_bytes", "dtype", "enforce_eager", "enable_prefix_caching",
+    "kv_cache_bytes", "dtype", "kv_cache_dtype", "enforce_eager", "enable_prefix_caching",
     "tensor_parallel_size", "block_size", "extra_args", "env",
 )  # fmt: skip
 MODEL_KEYS = ("source", "url", "repo", "revision", "served_name", "config", "weight_bytes")
@@ -53,7 +53,8 @@ class HostInput:
     name: str
     variables: dict[str, object]
     facts: HostFacts
-    model_configs: dict[str, dict[str, object]] = field(default_factory=dict)
+    # What the host's installed weights say of a model: {"config": ..., "weight_bytes": ...}.
+    installed_models: dict[str, dict[str, object]] = field(default_factory=dict)
 
 
 @dataclass
@@ -345,6 +346,15 @@ class HostChecker:
                 "use auto, float32, bfloat16 or float16",
             )
             return
+        kv_dtype = str(group.get("kv_cache_dtype", "auto"))
+        if kv_dtype != "auto" and kv_dtype.lower() not in DTYPE_BYTES:
+            self.error(
+                f"{label}.kv_cache_dtype",
+                kv_dtype,
+                "not a KV cache dtype vLLM knows",
+                "use auto, bfloat16, float16, fp8, fp8_e4m3 or fp8_e5m2",
+            )
+            return
         block = group.get("block_size")
         if (
             accelerator == "cpu"
@@ -454,7 +464,8 @@ class HostChecker:
         tp: int,
         dtype: str,
     ) -> None:
-        config = self.host.model_configs.get(str(group["model"])) or model.get("config")
+        installed = self.host.installed_models.get(str(group["model"]), {})
+        config = installed.get("config") or model.get("config")
         if not isinstance(config, dict):
             self.warn(
                 f"fleet_models.{group['model']}.config",
@@ -500,7 +511,10 @@ class HostChecker:
                 f"use max_model_len <= {limit}",
             )
             return
-        kv_dtype = shape.dtype if dtype == "auto" else dtype
+        # vLLM's "auto" KV dtype is the dtype the model is served in.
+        kv_dtype = str(group.get("kv_cache_dtype", "auto"))
+        if kv_dtype == "auto":
+            kv_dtype = shape.dtype if dtype == "auto" else dtype
         capacity = self.kv_capacity(label, group, model, accelerator, tp)
         if capacity is None:
             return
@@ -562,7 +576,8 @@ class HostChecker:
     ) -> int | None:
         explicit = group.get("kv_cache_bytes")
         facts = self.host.facts
-        weights = int(model.get("weight_bytes") or 0)  # type: ignore[call-overload]
+        installed = self.host.installed_models.get(str(group["model"]), {})
+        weights = int(installed.get("weight_bytes") or model.get("weight_bytes") or 0)  # type: ignore[call-overload]
         utilization = float(self.v.get("fleet_memory_utilization", 0.9))  # type: ignore[arg-type]
         reserve = int(self.v.get("fleet_memory_reserve_bytes", 2 * GIB))  # type: ignore[call-overload]
         if accelerator == "cpu":

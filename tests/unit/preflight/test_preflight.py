@@ -111,3 +111,26 @@ def test_group_settings_match_the_vllm_engine_argument_spec():
     options = spec["argument_specs"]["main"]["options"]["vllm_engine_groups"]["options"]
     assert set(options) == set(GROUP_REQUIRED + GROUP_OPTIONAL)
     assert {k for k, o in options.items() if o.get("required")} == set(GROUP_REQUIRED)
+
+
+def test_fp8_kv_cache_doubles_the_tokens_of_bf16():
+    host = base("cuda")
+    bf16 = run(host).plan[0]
+    host["variables"]["fleet_engine_groups"][0]["kv_cache_dtype"] = "fp8"
+    fp8 = run(host).plan[0]
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    assert fp8.capacity_tokens == bf16.capacity_tokens * 2
+
+
+def test_installed_weights_override_the_catalog_metadata():
+    host = base("cuda")
+    installed = {
+        "llama-3.1-70b": {
+            "config": host["variables"]["fleet_models"]["llama-3.1-70b"]["config"],
+            "weight_bytes": 100 * 1024**3,
+        }
+    }
+    facts = HostFacts.from_dict(host["facts"])
+    result = validate([HostInput("h", host["variables"], facts, installed)], CATALOG, KNOWN)
+    # 80 GiB x 0.9 - 100 GiB / 4 - 2 GiB
+    assert result.plan[0].kv_cache_bytes == int(80 * 1024**3 * 0.9) - 25 * 1024**3 - 2 * 1024**3
