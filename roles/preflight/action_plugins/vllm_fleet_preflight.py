@@ -86,7 +86,7 @@ class ActionModule(ActionBase):
         hosts = []
         for name in args["hosts"]:
             hv = all_hostvars[name]
-            variables = {key: hv[key] for key in READ if key in hv}
+            variables = {key: self._raw(hv, key) for key in READ if key in hv}
             for key in hv:
                 if key not in variables and key.split("_", 1)[0] in {
                     "fleet",
@@ -122,8 +122,8 @@ class ActionModule(ActionBase):
     def _raw(hostvars: Mapping[str, object], key: str) -> object:
         try:
             return hostvars[key]
-        except AnsibleError:
-            return "<unrenderable>"
+        except AnsibleError as err:
+            return f"<cannot be rendered: {err.message}>"
 
     @staticmethod
     def _write_report(outcome: PreflightResult, directory: Path) -> Path:

@@ -156,7 +156,7 @@ class HostChecker:
 
     def check_stack(self, accelerator: str | None) -> dict[str, object] | None:
         name = self.v.get("fleet_engine_stack")
-        if name not in self.catalog:
+        if not isinstance(name, str) or name not in self.catalog:
             hint = did_you_mean(str(name), self.catalog)
             self.error(
                 "fleet_engine_stack",
@@ -181,8 +181,8 @@ class HostChecker:
                 f"is locked for Python {stack.get('python')}, the host has Python {facts.python}",
                 f"install Python {stack.get('python')} on the host or pick a stack for {facts.python}",
             )
-        requires = stack.get("requires") or {}
-        assert isinstance(requires, dict)
+        requires = stack.get("requires")
+        requires = requires if isinstance(requires, dict) else {}
         self.check_driver(str(name), requires, facts)
         return stack
 
@@ -407,9 +407,16 @@ class HostChecker:
 
     def check_model(self, label: str, group: dict[str, object]) -> dict[str, object] | None:
         models = self.v.get("fleet_models") or {}
-        assert isinstance(models, dict)
+        if not isinstance(models, dict):
+            self.error(
+                "fleet_models",
+                models,
+                "must be a mapping of model name to its settings",
+                "write fleet_models: {<name>: {source: ..., revision: ..., served_name: ...}}",
+            )
+            return None
         name = group["model"]
-        if name not in models:
+        if not isinstance(name, str) or name not in models:
             hint = did_you_mean(str(name), models)
             self.error(
                 f"{label}.model",
@@ -420,6 +427,14 @@ class HostChecker:
             return None
         model = models[name]
         where = f"fleet_models.{name}"
+        if not isinstance(model, dict):
+            self.error(
+                where,
+                model,
+                "must be a mapping",
+                "give the model source:, revision: and served_name:",
+            )
+            return None
         for key in model:
             if key not in MODEL_KEYS:
                 hint = did_you_mean(str(key), MODEL_KEYS)
