@@ -93,6 +93,8 @@ def verify_dir(
     full: bool,
     workers: int,
     report: Callable[[str], None] = lambda _msg: None,
+    *,
+    rehashed: list[Path] | None = None,
 ) -> list[str]:
     """Check every file of manifest under rev_dir; returns the problems found.
 
@@ -118,6 +120,8 @@ def verify_dir(
         if known and {k: known.get(k) for k in key} == key and known.get("sha256") == entry.sha256:
             continue
         to_hash.append((path, entry.sha256))
+    if rehashed is not None:
+        rehashed.extend(p for p, _ in to_hash)
     if to_hash:
         progress = Progress(sum(p.stat().st_size for p, _ in to_hash), f"verify {rev_dir}", report)
         digests = sha256_files([p for p, _ in to_hash], workers, progress.add)
@@ -251,12 +255,14 @@ class MirrorFetch:
     def target(self) -> Path:
         return revision_dir(self.root, self.name, self.revision)
 
-    def installed_ok(self) -> tuple[bool, list[str]]:
+    def installed_ok(self, rehashed: list[Path] | None = None) -> tuple[bool, list[str]]:
         """Whether the revision is installed and verifies; with the problems if not."""
         if not (self.target / MANIFEST_NAME).is_file():
             return False, ["not installed"]
         manifest = load_local_manifest(self.target)
-        problems = verify_dir(self.target, manifest, self.full_verify, self.workers, self.report)
+        problems = verify_dir(
+            self.target, manifest, self.full_verify, self.workers, self.report, rehashed=rehashed
+        )
         return not problems, problems
 
     def needs_change(self) -> bool:
@@ -266,14 +272,16 @@ class MirrorFetch:
 
     def run(self) -> FetchResult:
         actions: list[str] = []
-        ok, problems = self.installed_ok()
+        rehashed: list[Path] = []
+        ok, problems = self.installed_ok(rehashed)
         if not ok:
             if problems != ["not installed"]:
                 actions.append("re-fetched damaged local copy: " + "; ".join(problems))
             manifest = self._fetch_into_place()
             actions.append(f"fetched {len(manifest.files)} files")
-        else:
-            # The stamp is bookkeeping, not content: refreshing it is no change.
+        elif rehashed:
+            # Files re-hashed and found intact (moved, touched): refresh the stamp so the
+            # next check is cheap again. Bookkeeping, not content: reported as no change.
             write_stamp(self.target, load_local_manifest(self.target))
         manifest = load_local_manifest(self.target)
         if point_current(self.model_dir, self.revision):

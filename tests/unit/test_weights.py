@@ -173,3 +173,11 @@ def test_old_revisions_are_pruned_beyond_keep(mirror, tmp_path):
     remaining = sorted(p.name for p in (tmp_path / "srv" / "m").iterdir() if p.name != "current")
     assert remaining == sorted(revisions[1:])
     assert not (tmp_path / "srv" / "m" / MANIFEST_NAME).exists()
+
+
+def test_an_unchanged_model_is_not_rewritten(mirror, tmp_path):
+    fetch(mirror, tmp_path).run()
+    stamp = tmp_path / "srv" / "m" / mirror[2] / ".vllm-fleet-verified.json"
+    before = stamp.stat().st_mtime_ns
+    fetch(mirror, tmp_path).run()
+    assert stamp.stat().st_mtime_ns == before
