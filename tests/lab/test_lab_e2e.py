@@ -196,3 +196,46 @@ def test_preflight_plans_the_lab_from_the_installed_config(fresh_lab):
         "| engine01 | g0 | cpu-vllm-0.32.0 | 0 | 46080 | 1.50 GiB | 34952 | 17.07 | 2048"
         in run.output
     )
+
+
+@pytest.fixture
+def bare_host(tmp_path):
+    """A fresh systemd container from the base image, in an inventory of its own."""
+    name = "vf-e2e-checkmode"
+    subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
+    subprocess.run(
+        ["podman", "run", "-d", "--name", name, "--systemd=always",
+         "localhost/vllm-fleet-lab:bookworm", "/lib/systemd/systemd"],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    inventory = tmp_path / "inventory"
+    shutil.copytree(ROOT / "inventories/lab/group_vars", inventory / "group_vars")
+    (inventory / "host_vars").mkdir()
+    shutil.copy(
+        ROOT / "inventories/lab/host_vars/engine01.yml", inventory / "host_vars" / f"{name}.yml"
+    )
+    (inventory / "hosts.yml").write_text(
+        yaml.safe_dump(
+            {"all": {"vars": {"ansible_connection": "containers.podman.podman",
+                              "ansible_python_interpreter": "/usr/bin/python3"},
+                     "children": {"engines": {"hosts": {name: None}}}}}
+        )
+    )  # fmt: skip
+    in_host(name, "systemctl", "is-system-running", "--wait", check=False)
+    yield name, inventory
+    subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
+
+
+def test_check_mode_on_a_bare_host_reports_changes_and_makes_none(fresh_lab, bare_host):
+    name, inventory = bare_host
+    # The key goes in a 0600 vars file, never on a command line.
+    key_file = inventory / "key.yml"
+    key_file.touch(mode=0o600)
+    key_file.write_text(yaml.safe_dump({"fleet_engine_api_key": engine_key()}))
+    run = playbook("-i", str(inventory), "site.yml", "--check", "--diff", "-e", f"@{key_file}")
+    assert run.returncode == 0, run.output[-5000:]
+    assert run.recap()[name]["changed"] > 0
+    state = in_host(name, "sh", "-c", "ls -A /opt /srv; ls /etc/vllm-fleet; id vllm", check=False)
+    assert state.stdout.split() == ["/opt:", "/srv:"]
+    assert "No such file or directory" in state.stderr
+    assert "no such user" in state.stderr
