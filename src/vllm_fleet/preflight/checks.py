@@ -556,7 +556,7 @@ class HostChecker:
             fixes.append(
                 f"raise kv_cache_bytes to {needed}"
                 if group.get("kv_cache_bytes")
-                else f"raise tensor_parallel_size to {self.fitting_tp(shape, max_len, kv_dtype, tp)}"
+                else self.fitting_tp(shape, group, model, max_len, kv_dtype)
             )
             self.error(
                 f"{label}.max_model_len",
@@ -575,11 +575,51 @@ class HostChecker:
                 f"lower max_num_seqs to {fit} or max_model_len to {result.max_model_len_for_target}",
             )
 
-    def fitting_tp(self, shape: AttentionShape, max_len: int, kv_dtype: str, tp: int) -> int:
-        for candidate in (2, 4, 8, 16):
-            if candidate > tp and shape.num_attention_heads % candidate == 0:
-                return candidate
-        return tp * 2
+    def fitting_tp(
+        self,
+        shape: AttentionShape,
+        group: dict[str, object],
+        model: dict[str, object],
+        max_len: int,
+        kv_dtype: str,
+    ) -> str:
+        """The smallest larger TP size that divides the heads and holds one max-length request."""
+        tp = int(group.get("tensor_parallel_size", 1))  # type: ignore[call-overload]
+        for candidate in (2, 4, 8, 16, 32):
+            if candidate <= tp or shape.num_attention_heads % candidate:
+                continue
+            budget = self.budget(group, model, "gpu", candidate)[0]
+            if budget and budget >= request_kv_bytes(shape, max_len, candidate, kv_dtype):
+                return f"raise tensor_parallel_size to {candidate}"
+        return "spread the model over more devices (no TP size up to 32 holds it)"
+
+    def budget(
+        self, group: dict[str, object], model: dict[str, object], accelerator: str, tp: int
+    ) -> tuple[int | None, int, int]:
+        """(KV bytes available per device or None if memory is unknown, memory, weights per device)."""
+        installed = self.host.installed_models.get(str(group["model"]), {})
+        weights = int(installed.get("weight_bytes") or model.get("weight_bytes") or 0)  # type: ignore[call-overload]
+        if accelerator == "cpu":
+            memory, per_device_weights = self.host.facts.memory_bytes, weights
+        else:
+            devices = [d for d in self.host.facts.devices if d.index in group["devices"]]  # type: ignore[operator]
+            memory = min((d.memory_bytes for d in devices), default=0)
+            per_device_weights = weights // tp
+        if not memory:
+            return None, 0, per_device_weights
+        return (
+            int(memory * self.utilization) - per_device_weights - self.reserve,
+            memory,
+            per_device_weights,
+        )
+
+    @property
+    def utilization(self) -> float:
+        return float(self.v.get("fleet_memory_utilization", 0.9))  # type: ignore[arg-type]
+
+    @property
+    def reserve(self) -> int:
+        return int(self.v.get("fleet_memory_reserve_bytes", 2 * GIB))  # type: ignore[call-overload]
 
     def kv_capacity(
         self,
@@ -590,19 +630,8 @@ class HostChecker:
         tp: int,
     ) -> int | None:
         explicit = group.get("kv_cache_bytes")
-        facts = self.host.facts
-        installed = self.host.installed_models.get(str(group["model"]), {})
-        weights = int(installed.get("weight_bytes") or model.get("weight_bytes") or 0)  # type: ignore[call-overload]
-        utilization = float(self.v.get("fleet_memory_utilization", 0.9))  # type: ignore[arg-type]
-        reserve = int(self.v.get("fleet_memory_reserve_bytes", 2 * GIB))  # type: ignore[call-overload]
-        if accelerator == "cpu":
-            memory = facts.memory_bytes
-            per_device_weights = weights
-        else:
-            devices = [d for d in facts.devices if d.index in group["devices"]]  # type: ignore[operator]
-            memory = min((d.memory_bytes for d in devices), default=0)
-            per_device_weights = weights // tp
-        available = int(memory * utilization) - per_device_weights - reserve if memory else None
+        available, memory, per_device_weights = self.budget(group, model, accelerator, tp)
+        utilization, reserve = self.utilization, self.reserve
         if explicit is not None:
             if not isinstance(explicit, int) or explicit <= 0:
                 self.error(
