@@ -18,7 +18,7 @@ from tests.lab_images import ENGINE_IMAGE_ENV, ENGINE_IMAGE_REPO, engine_image_t
 
 ROOT = Path(__file__).resolve().parents[1]
 BAKER = ("engine_runtime", "vf-engine-runtime")
-SCENARIOS = ["model_weights", "vllm_engine"]
+SCENARIOS = ["preflight", "model_weights", "vllm_engine"]
 
 
 def molecule(role: str, *args: str, env: dict[str, str]) -> int:

@@ -37,6 +37,7 @@ FLEET_VARIABLES = {
     "preflight_result",
 }  # fmt: skip
 READ = ("fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models")
+PREFIXES = {"fleet", "vllm", "model", "engine", "preflight"}
 ROLES_DIR = Path(__file__).resolve().parents[2]
 
 
@@ -83,19 +84,24 @@ class ActionModule(ActionBase):
         args = self._task.args
         all_hostvars = task_vars["hostvars"]
         known = FLEET_VARIABLES | role_variables()
+        # Variables set at play, role or task level (vars:, vars_files:, include vars) apply to
+        # every host of the play: task_vars has them, hostvars does not.
+        this_host = all_hostvars[task_vars["inventory_hostname"]]
+        play_level = {}
+        for key, value in task_vars.items():
+            if key.split("_", 1)[0] not in PREFIXES:
+                continue
+            rendered = self._render(value)
+            if key not in this_host or (key in READ and self._raw(this_host, key) != rendered):
+                play_level[key] = rendered
         hosts = []
         for name in args["hosts"]:
             hv = all_hostvars[name]
             variables = {key: self._raw(hv, key) for key in READ if key in hv}
             for key in hv:
-                if key not in variables and key.split("_", 1)[0] in {
-                    "fleet",
-                    "vllm",
-                    "model",
-                    "engine",
-                    "preflight",
-                }:
+                if key not in variables and key.split("_", 1)[0] in PREFIXES:
                     variables[key] = self._raw(hv, key)
+            variables.update(play_level)
             facts, models = facts_of(hv)
             hosts.append(HostInput(name, variables, facts, models))
         outcome = validate(hosts, task_vars["fleet_stacks"], known)
@@ -117,6 +123,12 @@ class ActionModule(ActionBase):
         else:
             result["msg"] = render_markdown(outcome)
         return result
+
+    def _render(self, value: object) -> object:
+        try:
+            return self._templar.template(value)
+        except AnsibleError as err:
+            return f"<cannot be rendered: {err.message}>"
 
     @staticmethod
     def _raw(hostvars: Mapping[str, object], key: str) -> object:
