@@ -48,4 +48,5 @@ def test_engine_groups_fit_the_role_spec(inventory):
 @pytest.mark.parametrize("inventory", ["example-cuda", "example-ascend"])
 def test_examples_keep_the_key_in_vault(inventory):
     for hv in hostvars(inventory).values():
-        assert set(hv["fleet_engine_api_key"]) == {"__ansible_vault"}
+        for key in ("fleet_engine_api_key", "fleet_router_client_key", "fleet_router_control_key"):
+            assert set(hv[key]) == {"__ansible_vault"}, key

@@ -30,7 +30,9 @@ from vllm_fleet.preflight.report import render_markdown
 FLEET_VARIABLES = {
     "fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
     "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url", "fleet_cache_dir",
-    "fleet_stacks", "preflight_kv_plan", "fleet_memory_utilization", "fleet_memory_reserve_bytes",
+    "fleet_stacks", "fleet_router", "fleet_router_releases", "fleet_router_client_key",
+    "fleet_router_control_key", "fleet_watchdog", "preflight_kv_plan", "fleet_memory_utilization",
+    "fleet_memory_reserve_bytes",
     "preflight_facts", "preflight_probe", "preflight_nvidia_smi", "preflight_npu_smi",
     "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_info",
     "preflight_agent",

@@ -35,6 +35,7 @@ def prepare(paths: LabPaths, only: list[str]) -> dict[str, float]:
         "collection": lambda: steps.collection(paths),
         "image": lambda: steps.image(paths),
         "wheelhouse": lambda: steps.wheelhouse(paths, LAB_STACK),
+        "router-wheelhouses": lambda: steps.router_wheelhouses(paths),
         "agent": lambda: steps.agent(paths),
         "model": lambda: check_pin(paths, steps.model(paths)),
         "secrets": lambda: steps.lab_secrets(paths),

@@ -193,6 +193,16 @@ def wheelhouse(paths: LabPaths, stack: str) -> None:
     _download_locked(lock, dest, pip_args)
 
 
+def router_wheelhouses(paths: LabPaths) -> None:
+    """Every router release's locked wheels (pure PyPI: no extra index needed)."""
+    releases = yaml.safe_load((paths.catalog / "routers.yml").read_text())["fleet_router_releases"]
+    platform = [arg for tag in MANYLINUX_TAGS for arg in ("--platform", tag)]
+    for spec in releases.values():
+        pip_args = ["--python-version", str(spec["python"]), "--implementation", "cp", *platform]
+        lock = paths.repo / str(spec["lock"])
+        _download_locked(lock, paths.wheels / str(spec["release"]), pip_args)
+
+
 def agent(paths: LabPaths) -> None:
     """Build the vllm_fleet wheel and the agent lock (its pinned deps + its own hash)."""
     dest = paths.wheels / "agent"
@@ -248,15 +258,22 @@ def model(paths: LabPaths) -> str:
 
 
 def lab_secrets(paths: LabPaths) -> None:
-    """The lab's engine key, kept in a 0600 file (never on a command line)."""
+    """The lab's keys, kept in 0600 files (never on a command line)."""
     paths.secrets.mkdir(parents=True, exist_ok=True)
     paths.secrets.chmod(0o700)
-    key_file = paths.secrets / "engine_api_key"
-    if not key_file.exists():
-        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(32))
-    header = paths.secrets / "engine-auth.header"
-    fd = os.open(header, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"Authorization: Bearer {key_file.read_text().strip()}\n")
+    # Three keys: engines accept only the engine key; clients know only the router's
+    # client key; only the control key may add or remove the router's workers.
+    for name, header_name in (
+        ("engine_api_key", "engine-auth.header"),
+        ("router_client_key", "router-auth.header"),
+        ("router_control_key", None),
+    ):
+        key_file = paths.secrets / name
+        if not key_file.exists():
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(32))
+        if header_name:
+            fd = os.open(paths.secrets / header_name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(f"Authorization: Bearer {key_file.read_text().strip()}\n")

@@ -32,6 +32,13 @@ PIN_FIX = {
 }
 GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 GIB = 1024**3
+# Variables whose values are secrets: a finding names them but never shows the value.
+SECRET_KEY = re.compile(r"(^|_)(key|secret|password|token|passphrase)s?$", re.IGNORECASE)
+REDACTED = "<redacted>"
+
+
+def shown_value(key: str, value: object) -> object:
+    return REDACTED if SECRET_KEY.search(key) else value
 
 
 @dataclass
@@ -102,10 +109,12 @@ class HostChecker:
         self.result = result
 
     def error(self, key: str, value: object, message: str, fix: str) -> None:
-        self.result.errors.append(Finding(self.host.name, key, value, message, fix))
+        finding = Finding(self.host.name, key, shown_value(key, value), message, fix)
+        self.result.errors.append(finding)
 
     def warn(self, key: str, value: object, message: str, fix: str) -> None:
-        self.result.warnings.append(Finding(self.host.name, key, value, message, fix))
+        finding = Finding(self.host.name, key, shown_value(key, value), message, fix)
+        self.result.warnings.append(finding)
 
     def run(self) -> None:
         self.check_unknown_keys()

@@ -134,3 +134,12 @@ def test_installed_weights_override_the_catalog_metadata():
     result = validate([HostInput("h", host["variables"], facts, installed)], CATALOG, KNOWN)
     # 80 GiB x 0.9 - 100 GiB / 4 - 2 GiB
     assert result.plan[0].kv_cache_bytes == int(80 * 1024**3 * 0.9) - 25 * 1024**3 - 2 * 1024**3
+
+
+def test_a_misspelt_secret_is_named_but_its_value_never_shown():
+    host = base("cpu")
+    host["variables"]["fleet_router_contrl_key"] = "s3cret-value-that-must-not-leak"
+    result = run(host)
+    messages = [str(e) for e in result.errors]
+    assert any("fleet_router_contrl_key='<redacted>'" in m for m in messages), messages
+    assert not any("s3cret-value" in m for m in messages)

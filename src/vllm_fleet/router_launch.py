@@ -1,0 +1,68 @@
+"""Start the fleet's router in-process, keys from the environment (never argv).
+
+Runs inside the router's own venv (``python -m vllm_fleet.router_launch CONFIG``), where
+only the router's wheels and this package (without its dependencies) are installed: it
+imports nothing but the standard library and the router. Both routers take a RouterArgs
+dataclass; building it here keeps the client and control keys out of ``ps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+CLIENT_KEY_ENV = "VLLM_FLEET_ROUTER_CLIENT_KEY"
+CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
+# The control-plane key's identity in sglang-router's audit log.
+CONTROL_KEY_ID = "vllm-fleet"
+
+
+def router_kwargs(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """RouterArgs fields from the rendered settings plus the keys (sglang only checks keys)."""
+    kwargs = dict(config["router_args"])
+    if config["impl"] == "sglang":
+        client_key = env.get(CLIENT_KEY_ENV, "")
+        control_key = env.get(CONTROL_KEY_ENV, "")
+        if not client_key or not control_key:
+            raise SystemExit(
+                f"router: {CLIENT_KEY_ENV} and {CONTROL_KEY_ENV} must both be set "
+                "(the unit's EnvironmentFile); refusing to start an unauthenticated router"
+            )
+        kwargs["api_key"] = client_key
+        # (id, name, key, role): only this key may add or remove workers.
+        kwargs["control_plane_api_keys"] = [(CONTROL_KEY_ID, CONTROL_KEY_ID, control_key, "admin")]
+    return kwargs
+
+
+def build_args(config: dict[str, Any], env: dict[str, str]) -> object:
+    package = config["package"]
+    router_args = importlib.import_module(f"{package}.router_args").RouterArgs
+    known = {f.name for f in dataclasses.fields(router_args)}
+    kwargs = router_kwargs(config, env)
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise SystemExit(f"router: {package} does not take {', '.join(unknown)}")
+    return router_args(**kwargs)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m vllm_fleet.router_launch ROUTER.json", file=sys.stderr)
+        return 2
+    config = json.loads(Path(argv[0]).read_text())
+    args = build_args(config, dict(os.environ))
+    # Out of the environment, so nothing the router spawns inherits them.
+    for name in (CLIENT_KEY_ENV, CONTROL_KEY_ENV):
+        os.environ.pop(name, None)
+    launcher = importlib.import_module(f"{config['package']}.launch_router")
+    launcher.launch_router(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,205 @@
+"""Real routers (sglang-router, vllm-router) in subprocesses, and a fake engine to route to.
+
+The fake engine is a real HTTP server on 127.0.0.1 that speaks just enough OpenAI
+(/health, /v1/models, /v1/completions); it can be told to fail, hang or refuse /health.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+CONTROL_KEY = "control-key-for-tests"
+CLIENT_KEY = "client-key-for-tests"
+ENGINE_KEY = "engine-key-for-tests"
+
+LAUNCHER = """
+import json, sys
+settings = json.loads(sys.argv[2])
+if sys.argv[1] == "sglang":
+    from sglang_router.launch_router import launch_router
+    from sglang_router.router_args import RouterArgs
+    settings["control_plane_api_keys"] = [tuple(k) for k in settings["control_plane_api_keys"]]
+else:
+    from vllm_router.launch_router import launch_router
+    from vllm_router.router_args import RouterArgs
+launch_router(RouterArgs(**settings))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what or condition}"
+        time.sleep(0.02)
+
+
+@dataclass
+class RouterProcess:
+    impl: str
+    url: str
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def _answers(url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.get(url, timeout=0.5)
+        return True
+    return False
+
+
+def start_router(impl: str, log: Path, port: int | None = None) -> RouterProcess:
+    """A real router on 127.0.0.1; sglang with a control-plane key and a client key."""
+    port = port or free_port()
+    settings: dict[str, object] = {
+        "host": "127.0.0.1",
+        "port": port,
+        "prometheus_host": "127.0.0.1",
+        "prometheus_port": free_port(),
+        "health_check_interval_secs": 1,
+    }
+    if impl == "sglang":
+        settings["api_key"] = CLIENT_KEY
+        settings["control_plane_api_keys"] = [["ops", "ops", CONTROL_KEY, "admin"]]
+    else:
+        settings["worker_startup_timeout_secs"] = 2
+        settings["worker_startup_check_interval"] = 1
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-c", LAUNCHER, impl, json.dumps(settings)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    router = RouterProcess(impl, f"http://127.0.0.1:{port}", log, process)
+    try:
+        wait_until(
+            lambda: process.poll() is None and _answers(f"{router.url}/health"),
+            timeout=30,
+            what=f"{impl} router at {router.url} (log: {log})",
+        )
+    except BaseException:
+        router.stop()
+        raise
+    return router
+
+
+@contextlib.contextmanager
+def running_router(impl: str, log: Path) -> Iterator[RouterProcess]:
+    router = start_router(impl, log)
+    try:
+        yield router
+    finally:
+        router.stop()
+
+
+@dataclass
+class FakeEngine:
+    """Behaviour switches the handler reads; ``url`` is set once serving."""
+
+    served_name: str = "fake-model"
+    api_key: str = ENGINE_KEY
+    mode: str = "ok"  # ok | hang | error
+    healthy: bool = True
+    url: str = ""
+    completions: list[str] = field(default_factory=list)  # Authorization headers seen
+    release: threading.Event = field(default_factory=threading.Event)
+
+
+def _handler(engine: FakeEngine) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _send(self, status: int, payload: object) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send(200 if engine.healthy else 503, {})
+            elif self.path == "/v1/models":
+                self._send(200, {"object": "list", "data": [{"id": engine.served_name}]})
+            else:
+                self._send(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            request = json.loads(self.rfile.read(length) or b"{}")
+            if self.path != "/v1/completions":
+                self._send(404, {"error": "not found"})
+                return
+            engine.completions.append(self.headers.get("Authorization", ""))
+            if self.headers.get("Authorization") != f"Bearer {engine.api_key}":
+                self._send(401, {"error": "Unauthorized"})
+            elif engine.mode == "hang":
+                engine.release.wait(timeout=30)
+            elif engine.mode == "error":
+                self._send(500, {"error": "engine core died"})
+            else:
+                self._send(
+                    200,
+                    {
+                        "model": request.get("model"),
+                        "choices": [{"index": 0, "text": " Paris"}],
+                        "usage": {"completion_tokens": 1, "prompt_tokens": 5},
+                    },
+                )
+
+    return Handler
+
+
+@contextlib.contextmanager
+def running_engine(engine: FakeEngine | None = None) -> Iterator[FakeEngine]:
+    engine = engine or FakeEngine()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine))
+    server.daemon_threads = True
+    engine.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield engine
+    finally:
+        engine.release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def sglang_listing(router_url: str) -> list[dict[str, object]]:
+    """GET /workers straight from the router, bypassing the client under test."""
+    response = httpx.get(
+        f"{router_url}/workers",
+        headers={"Authorization": f"Bearer {CONTROL_KEY}"},
+        timeout=5,
+    )
+    response.raise_for_status()
+    return response.json()["workers"]
