@@ -7,10 +7,13 @@ Ansible renders ``/etc/vllm-fleet/engines/<group>.json`` from the inventory; the
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from vllm_fleet.router_client import RouterTarget
 
 Accelerator = Literal["cpu", "cuda", "ascend"]
 
@@ -46,6 +49,23 @@ class EngineConfig(BaseModel):
     shutdown_timeout: int = Field(default=30, ge=0)
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    # Where routers reach this group (e.g. http://engine01:8100), and the routers it joins
+    # once healthy and leaves before it stops.
+    advertise_url: str | None = None
+    routers: list[RouterTarget] = Field(default_factory=list)
+    # Between leaving the routers and SIGTERM: requests a router already picked this
+    # engine for still arrive.
+    leave_grace_seconds: float = Field(default=1.0, ge=0)
+
+
+def probe_host(cfg: EngineConfig) -> str:
+    """Where processes on the host reach the engine."""
+    return "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
+
+
+def advertise_url(cfg: EngineConfig) -> str:
+    """The URL routers use for this group."""
+    return cfg.advertise_url or f"http://{socket.gethostname()}:{cfg.port}"
 
 
 def compress_ranges(indices: list[int]) -> str:

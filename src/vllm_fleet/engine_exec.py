@@ -1,9 +1,13 @@
-"""``vllm-fleet engine-run``: start one engine group as a child-subreaper main process.
+"""``vllm-fleet engine-run``: run one engine group as systemd's main process.
 
-Inside a container on a cgroup-v1 host systemd is not told when a unit's cgroup
-empties, so stops hang until TimeoutStopSec. Being the main process, forwarding
-SIGTERM to vLLM (which then drains for --shutdown-timeout) and reaping every
-descendant before exiting makes stops clean there, and costs nothing elsewhere.
+It starts vLLM, reports readiness to systemd (Type=notify) only once ``/health`` answers,
+joins the fleet's routers at that moment, and on SIGTERM leaves them *before* vLLM starts
+draining: a router then sends nothing new to an engine that is about to refuse it.
+
+It is also a child subreaper: inside a container on a cgroup-v1 host systemd is not told
+when a unit's cgroup empties, so stops hang until TimeoutStopSec. Forwarding SIGTERM to
+vLLM (which then drains for --shutdown-timeout) and reaping every descendant before
+exiting makes stops clean there, and costs nothing elsewhere.
 """
 
 from __future__ import annotations
@@ -14,13 +18,31 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from vllm_fleet.engine_config import EngineConfig, engine_argv, engine_env
+import httpx
+
+from vllm_fleet.engine_config import (
+    EngineConfig,
+    advertise_url,
+    engine_argv,
+    engine_env,
+    probe_host,
+)
+from vllm_fleet.router_client import RouterError, router_client
+from vllm_fleet.sd_notify import notify
 
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
+ROUTER_TIMEOUT = 3.0
+
+
+def log(message: str) -> None:
+    print(f"engine-run: {message}", file=sys.stderr, flush=True)
 
 
 def become_subreaper() -> None:
@@ -63,21 +85,85 @@ def reap_all(grace: float) -> None:
         time.sleep(0.1)
 
 
+class Membership:
+    """This group's place in the routers: joined once ready, left once stopping."""
+
+    def __init__(self, cfg: EngineConfig, engine_key: str, control_key: str | None) -> None:
+        self.cfg = cfg
+        self.url = advertise_url(cfg)
+        self.engine_key = engine_key
+        self.control_key = control_key
+        self.stopping = False
+        self._lock = threading.Lock()
+
+    def _each_router(self, action: Callable[..., bool], verb: str, done: str) -> None:
+        for target in self.cfg.routers:
+            client = router_client(target, self.control_key, ROUTER_TIMEOUT)
+            try:
+                with contextlib.closing(client):
+                    action(client)
+                log(f"{done} router {target.url} as {self.url}")
+            except (RouterError, httpx.HTTPError) as err:
+                # Not fatal: the host's watchdog reconciles registrations every few seconds.
+                log(f"could not {verb} router {target.url}: {err}")
+
+    def join(self) -> None:
+        with self._lock:
+            if self.stopping:
+                return
+            self._each_router(
+                lambda c: c.join(self.url, self.engine_key, self.cfg.served_name), "join", "joined"
+            )
+
+    def leave(self) -> None:
+        with self._lock:
+            self.stopping = True
+            self._each_router(lambda c: c.leave(self.url), "leave", "left")
+
+
+def wait_healthy(url: str, child: subprocess.Popen[bytes], membership: Membership) -> bool:
+    """Poll /health until 200; False if vLLM exits or the group is stopped first."""
+    with httpx.Client(timeout=2.0) as client:
+        while child.poll() is None and not membership.stopping:
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(url).status_code == 200:
+                    return True
+            time.sleep(1.0)
+    return False
+
+
 def run(config_path: Path) -> int:
     cfg = EngineConfig.model_validate_json(config_path.read_text())
     state_dir = Path(os.environ.get("STATE_DIRECTORY", f"/var/lib/vllm-fleet/engines/{cfg.group}"))
     env = dict(os.environ)
+    # vLLM needs its own key (VLLM_API_KEY), never the routers' control key.
+    control_key = env.pop(CONTROL_KEY_ENV, None) or None
     env.update(engine_env(cfg, state_dir))
     for key in ("TMPDIR", "XDG_CACHE_HOME"):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
+    membership = Membership(cfg, env.get("VLLM_API_KEY", ""), control_key)
     become_subreaper()
     child = subprocess.Popen(engine_argv(cfg), env=env)
 
+    def on_ready() -> None:
+        health = f"http://{probe_host(cfg)}:{cfg.port}/health"
+        if wait_healthy(health, child, membership):
+            membership.join()
+            notify(f"READY=1\nSTATUS=serving {cfg.served_name} on port {cfg.port}")
+
     def forward(signum: int, _frame: object) -> None:
+        if signum == signal.SIGTERM and not membership.stopping:
+            notify("STOPPING=1\nSTATUS=leaving the routers, then draining")
+            membership.leave()
+            time.sleep(cfg.leave_grace_seconds)
         child.send_signal(signum)
+        # A stopped (SIGSTOP, hung) engine acts on nothing until it is continued.
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signal.SIGCONT)
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    threading.Thread(target=on_ready, name="readiness", daemon=True).start()
     returncode = child.wait()
     reap_all(grace=float(cfg.shutdown_timeout) + 5)
     if returncode < 0 and -returncode in FORWARDED:
