@@ -88,6 +88,24 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_fleet_verify(args: argparse.Namespace) -> int:
+    import os
+
+    from vllm_fleet.env_file import read_env_file
+    from vllm_fleet.verify.runner import main as verify_main
+
+    if args.env_file:
+        # Keys travel in a 0600 file, never on the command line.
+        os.environ.update(read_env_file(Path(args.env_file)))
+    return verify_main(["--config", args.config, "--out", args.out])
+
+
+def _cmd_watchdog(args: argparse.Namespace) -> int:
+    from vllm_fleet.watchdog.service import main as watchdog_main
+
+    return watchdog_main(["--config", args.config, *(["--once"] if args.once else [])])
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -137,6 +155,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("model-info", help="config.json and weight bytes (from safetensors headers)")
     p.add_argument("path", help="an installed model revision directory")
     p.set_defaults(func=_cmd_model_info)
+
+    p = sub.add_parser(
+        "verify", help="verify the fleet: smoke, cross-talk under load, prefix cache; report"
+    )
+    p.add_argument("--config", required=True, help="verify.json (rendered by fleet_verify)")
+    p.add_argument("--out", required=True, help="directory for report.json and report.md")
+    p.add_argument("--env-file", help="file with VLLM_FLEET_ENGINE_API_KEY / _CLIENT_API_KEY")
+    p.set_defaults(func=_cmd_fleet_verify)
+
+    p = sub.add_parser("watchdog", help="probe this host's engine groups; restart hung ones")
+    p.add_argument("--config", required=True, help="/etc/vllm-fleet/watchdog.json")
+    p.add_argument(
+        "--once", action="store_true", help="one pass; print states; exit 1 unless healthy"
+    )
+    p.set_defaults(func=_cmd_watchdog)
 
     p = sub.add_parser("lock", help="print a hash lock for a wheelhouse")
     p.add_argument("wheelhouse")

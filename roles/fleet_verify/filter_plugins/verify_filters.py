@@ -1,0 +1,41 @@
+"""Filters of the fleet_verify role: the fleet as the verifier sees it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+def verify_engines(
+    hosts: list[str],
+    hostvars: Mapping[str, Any],
+    models: Mapping[str, Any],
+    group_defaults: Mapping[str, Any],
+) -> list[dict[str, Any]]:
+    """One entry per engine group of the inventory, with what the report's table shows."""
+    engines = []
+    for host in hosts:
+        host_vars = hostvars[host]
+        advertise = host_vars.get("vllm_engine_advertise_host", host)
+        for raw in host_vars.get("fleet_engine_groups", []):
+            group = {**group_defaults, **raw}
+            engines.append(
+                {
+                    "host": host,
+                    "group": group["name"],
+                    "url": f"http://{advertise}:{int(group['port'])}",
+                    "stack": host_vars.get("fleet_engine_stack", ""),
+                    "model": group["model"],
+                    "revision": models[group["model"]]["revision"],
+                    "devices": [int(d) for d in group["devices"]],
+                    "max_num_seqs": int(group["max_num_seqs"]),
+                    "dtype": str(group.get("dtype", "auto")),
+                    "enable_prefix_caching": bool(group.get("enable_prefix_caching", True)),
+                }
+            )
+    return engines
+
+
+class FilterModule:
+    def filters(self) -> dict[str, object]:
+        return {"verify_engines": verify_engines}

@@ -1,0 +1,128 @@
+"""The verify configuration (rendered by Ansible from the inventory) and the API keys.
+
+Keys come from the environment only, so they never show up in ``ps`` or shell history.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENGINE_KEY_VAR = "VLLM_FLEET_ENGINE_API_KEY"
+CLIENT_KEY_VAR = "VLLM_FLEET_CLIENT_API_KEY"
+# dtype values that make greedy decoding reproducible enough to demand identical text.
+FLOAT32_DTYPES = frozenset({"float32", "float"})
+DEFAULT_FAMILIES = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:num_preemptions",
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_queue_time_seconds",
+    "vllm:cache_config_info",
+]
+URL_PATTERN = r"^https?://[^/\s]+$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineSpec(_Strict):
+    host: str
+    group: str
+    url: str = Field(pattern=URL_PATTERN)
+    stack: str
+    model: str
+    revision: str
+    devices: list[int]
+    max_num_seqs: int = Field(gt=0)
+    dtype: str = "auto"
+    enable_prefix_caching: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.host}/{self.group}"
+
+
+class RouterSpec(_Strict):
+    url: str = Field(pattern=URL_PATTERN)
+    policy: str
+
+
+class CrosstalkSettings(_Strict):
+    prompts: int = Field(default=10, ge=2, le=24)
+    concurrency: int | None = Field(default=None, gt=0)
+    max_concurrency: int = Field(default=200, gt=0)
+    max_tokens: int = Field(default=24, gt=0)
+    seed: int = 1234
+    # The fleet's peak of running requests must reach this share of min(C, sum(max_num_seqs)).
+    min_overlap_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
+    sample_interval_seconds: float = Field(default=0.1, gt=0.0)
+
+
+class PrefixProbeSettings(_Strict):
+    prefix_tokens_approx: int = Field(default=600, ge=64)
+
+
+class RetrySettings(_Strict):
+    """How 429/503 answers carrying Retry-After are retried (a router shedding load)."""
+
+    max_retries: int = Field(default=3, ge=0)
+    max_delay_seconds: float = Field(default=30.0, ge=0.0)
+
+
+class VerifyConfig(_Strict):
+    served_name: str
+    engines: list[EngineSpec] = Field(min_length=1)
+    router: RouterSpec | None = None
+    crosstalk: CrosstalkSettings = CrosstalkSettings()
+    prefix_probe: PrefixProbeSettings = PrefixProbeSettings()
+    retry: RetrySettings = RetrySettings()
+    metrics_families: list[str] = Field(default_factory=lambda: list(DEFAULT_FAMILIES))
+    timeout_seconds: float = Field(default=120.0, gt=0.0)
+
+    @property
+    def fleet_max_num_seqs(self) -> int:
+        return sum(e.max_num_seqs for e in self.engines)
+
+    @property
+    def all_float32(self) -> bool:
+        return all(e.dtype in FLOAT32_DTYPES for e in self.engines)
+
+    def concurrency(self) -> int:
+        """C: as configured, else enough to fill every engine's batch (at least 64), capped."""
+        if self.crosstalk.concurrency is not None:
+            return self.crosstalk.concurrency
+        return min(max(64, self.fleet_max_num_seqs), self.crosstalk.max_concurrency)
+
+
+def load_config(path: Path) -> VerifyConfig:
+    return VerifyConfig.model_validate_json(path.read_text())
+
+
+class MissingKeyError(ValueError):
+    """A required key is missing from the environment."""
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    engine: str
+    client: str
+
+
+def keys_from_env(cfg: VerifyConfig, environ: Mapping[str, str] = os.environ) -> ApiKeys:
+    engine = environ.get(ENGINE_KEY_VAR, "")
+    client = environ.get(CLIENT_KEY_VAR, "")
+    if not engine:
+        raise MissingKeyError(f"{ENGINE_KEY_VAR} is not set")
+    if cfg.router is not None and not client:
+        raise MissingKeyError(f"{CLIENT_KEY_VAR} is not set (the config has a router)")
+    return ApiKeys(engine=engine, client=client)

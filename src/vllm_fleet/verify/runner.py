@@ -1,0 +1,106 @@
+"""``vllm-fleet verify --config verify.json --out DIR``: run every check, write the report.
+
+Exit status: 0 when every check passed (warnings allowed), 1 when one failed, 2 when the
+config or the keys are unusable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from pydantic import ValidationError
+
+from vllm_fleet.verify.config import (
+    CLIENT_KEY_VAR,
+    ENGINE_KEY_VAR,
+    ApiKeys,
+    EngineSpec,
+    MissingKeyError,
+    VerifyConfig,
+    keys_from_env,
+    load_config,
+)
+from vllm_fleet.verify.crosstalk import run_crosstalk
+from vllm_fleet.verify.prefix_probe import probe_engine, probe_router
+from vllm_fleet.verify.report import build_report, fleet_rows, summary_lines, write_report
+from vllm_fleet.verify.results import CheckResult
+from vllm_fleet.verify.smoke import EngineFacts, smoke_engine, smoke_router
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-fleet verify",
+        description="Verify a deployed fleet: smoke, cross-talk under load, prefix caching.",
+        epilog=f"Keys come from {ENGINE_KEY_VAR} and {CLIENT_KEY_VAR} (the router's).",
+    )
+    parser.add_argument("--config", required=True, help="verify.json rendered by Ansible")
+    parser.add_argument("--out", required=True, help="directory for report.json and report.md")
+    return parser
+
+
+async def _guarded(name: str, check: Awaitable[CheckResult]) -> CheckResult:
+    """A check that crashes is a failed check, not a crashed verify (the other reports count)."""
+    start = time.perf_counter()
+    try:
+        return await check
+    except Exception as err:
+        summary = f"check crashed: {type(err).__name__}: {err}"
+        return CheckResult(name, "fail", summary, {}, time.perf_counter() - start)
+
+
+async def _smoke(
+    client: httpx.AsyncClient, engine: EngineSpec, keys: ApiKeys, cfg: VerifyConfig
+) -> tuple[CheckResult, EngineFacts]:
+    try:
+        return await smoke_engine(client, engine, keys.engine, cfg)
+    except Exception as err:
+        summary = f"check crashed: {type(err).__name__}: {err}"
+        return CheckResult(f"smoke {engine.label}", "fail", summary), EngineFacts()
+
+
+async def run_checks(
+    cfg: VerifyConfig, keys: ApiKeys
+) -> tuple[list[CheckResult], dict[str, EngineFacts]]:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(cfg.timeout_seconds)) as client:
+        smoked = await asyncio.gather(*(_smoke(client, e, keys, cfg) for e in cfg.engines))
+        checks = [result for result, _ in smoked]
+        facts = {e.label: f for e, (_, f) in zip(cfg.engines, smoked, strict=True)}
+        if cfg.router is not None:
+            router_smoke = smoke_router(client, cfg.router.url, keys.client, cfg)
+            checks.append(await _guarded("smoke router", router_smoke))
+        checks.append(await _guarded("crosstalk", run_crosstalk(cfg, keys)))
+        for engine in cfg.engines:
+            if engine.enable_prefix_caching:
+                probe = probe_engine(client, engine, keys, cfg)
+                checks.append(await _guarded(f"prefix_cache {engine.label}", probe))
+        if cfg.router is not None and cfg.router.policy == "cache_aware":
+            probe = probe_router(client, cfg.router.url, keys, cfg)
+            checks.append(await _guarded("prefix_cache router", probe))
+    return checks, facts
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(Path(args.config))
+        keys = keys_from_env(cfg)
+    except (OSError, ValidationError, MissingKeyError) as err:
+        print(f"verify: {err}", file=sys.stderr)
+        return 2
+    started_at = datetime.now(UTC)
+    start = time.perf_counter()
+    checks, facts = asyncio.run(run_checks(cfg, keys))
+    report = build_report(
+        cfg, fleet_rows(cfg, facts), checks, started_at, time.perf_counter() - start
+    )
+    json_path, md_path = write_report(report, Path(args.out))
+    print("\n".join(summary_lines(report)))
+    print(f"report: {json_path}, {md_path}")
+    return 0 if report["verdict"] == "pass" else 1

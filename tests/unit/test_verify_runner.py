@@ -1,0 +1,159 @@
+"""`vllm-fleet verify` end to end against fixture fleets (real HTTP on loopback)."""
+
+import json
+
+import pytest
+
+from tests.fixtures.openai_fixture_server import (
+    CLIENT_KEY,
+    ENGINE_KEY,
+    fixture_fleet,
+    verify_config,
+)
+from vllm_fleet.verify.runner import main
+
+
+def run_verify(tmp_path, config, monkeypatch, engine_key=ENGINE_KEY, client_key=CLIENT_KEY):
+    config_path = tmp_path / "verify.json"
+    config_path.write_text(json.dumps(config))
+    monkeypatch.setenv("VLLM_FLEET_ENGINE_API_KEY", engine_key)
+    monkeypatch.setenv("VLLM_FLEET_CLIENT_API_KEY", client_key)
+    out = tmp_path / "out"
+    code = main(["--config", str(config_path), "--out", str(out)])
+    report = json.loads((out / "report.json").read_text()) if code != 2 else None
+    return code, report, out
+
+
+def statuses(report):
+    return {c["name"]: c["status"] for c in report["checks"]}
+
+
+def test_honest_fleet_behind_a_router_passes(tmp_path, monkeypatch, capsys):
+    with fixture_fleet() as (engines, router):
+        code, report, out = run_verify(tmp_path, verify_config(engines, router), monkeypatch)
+
+    assert code == 0
+    assert (out / "report.md").read_text().startswith("# vllm-fleet verify: PASS")
+    assert statuses(report) == {
+        "smoke engine01/g0": "pass",
+        "smoke engine02/g0": "pass",
+        "smoke router": "pass",
+        "crosstalk": "pass",
+        "prefix_cache engine01/g0": "pass",
+        "prefix_cache engine02/g0": "pass",
+        "prefix_cache router": "pass",
+    }
+    assert [(r["host"], r["health"], r["kv_capacity_tokens"]) for r in report["fleet"]] == [
+        ("engine01", "ok", 16 * 1000),
+        ("engine02", "ok", 16 * 1000),
+    ]
+    printed = capsys.readouterr().out.splitlines()
+    assert len([line for line in printed if line.startswith("[PASS]")]) == 7
+    assert "verdict: PASS (7 passed, 0 warnings, 0 failed)" in printed
+
+
+def test_honest_fleet_without_router_spreads_load_over_engines(tmp_path, monkeypatch):
+    with fixture_fleet(router=False) as (engines, _):
+        code, report, _ = run_verify(
+            tmp_path, verify_config(engines, None), monkeypatch, client_key=""
+        )
+
+    assert code == 0
+    crosstalk = next(c for c in report["checks"] if c["name"] == "crosstalk")
+    assert crosstalk["details"]["endpoints"] == ["engine01/g0", "engine02/g0"]
+    peaks = crosstalk["details"]["peak_running"]["per_engine"]
+    # 8 requests per engine, 4 slots each: both engines ran full batches.
+    assert set(peaks) == {"engine01/g0", "engine02/g0"}
+    assert all(2 <= peak <= 4 for peak in peaks.values())
+    assert "smoke router" not in statuses(report)
+
+
+def test_wrong_engine_key_fails_the_engine_smoke(tmp_path, monkeypatch):
+    with fixture_fleet(router=False) as (engines, _):
+        code, report, _ = run_verify(
+            tmp_path, verify_config(engines, None), monkeypatch, engine_key="not-the-key"
+        )
+
+    assert code == 1
+    smoke = next(c for c in report["checks"] if c["name"] == "smoke engine01/g0")
+    assert smoke["status"] == "fail"
+    failed = {i["name"] for i in smoke["details"]["items"] if not i["ok"]}
+    assert {"models", "chat", "completion", "stream"} <= failed
+    # /health and /metrics stay open, as on vLLM.
+    assert {"health", "metrics"}.isdisjoint(failed)
+
+
+def test_engine_without_auth_fails_the_auth_items(tmp_path, monkeypatch):
+    with fixture_fleet(router=False, enforce_auth=False) as (engines, _):
+        code, report, _ = run_verify(
+            tmp_path, verify_config(engines, None), monkeypatch, client_key=""
+        )
+
+    assert code == 1
+    smoke = next(c for c in report["checks"] if c["name"] == "smoke engine01/g0")
+    failed = {i["name"] for i in smoke["details"]["items"] if not i["ok"]}
+    assert failed == {"auth: no key", "auth: wrong key"}
+
+
+def test_router_with_an_open_model_list_passes_with_a_warning(tmp_path, monkeypatch):
+    with fixture_fleet(router_opts={"open_model_list": True}) as (engines, router):
+        code, report, _ = run_verify(tmp_path, verify_config(engines, router), monkeypatch)
+
+    assert code == 0
+    smoke = next(c for c in report["checks"] if c["name"] == "smoke router")
+    assert smoke["status"] == "warn"
+    assert smoke["summary"] == "7/7 ok; warnings: auth: no key, auth: wrong key"
+    assert report["counts"] == {"pass": 6, "warn": 1, "fail": 0}
+
+
+@pytest.mark.parametrize(
+    ("engine_key", "client_key", "router"),
+    [("", "c", False), ("e", "", True)],
+)
+def test_missing_key_is_a_usage_error(tmp_path, monkeypatch, engine_key, client_key, router):
+    config = verify_config([], None)
+    config["engines"] = [
+        {
+            "host": "h",
+            "group": "g",
+            "url": "http://127.0.0.1:9",
+            "stack": "s",
+            "model": "m",
+            "revision": "r",
+            "devices": [0],
+            "max_num_seqs": 1,
+        }
+    ]
+    if router:
+        config["router"] = {"url": "http://127.0.0.1:9", "policy": "cache_aware"}
+    code, _, out = run_verify(tmp_path, config, monkeypatch, engine_key, client_key)
+
+    assert code == 2
+    assert not out.exists()
+
+
+def test_unknown_config_key_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    config = verify_config([], None)
+    config["crosstalk"]["concurency"] = 8
+    code, _, _ = run_verify(tmp_path, config, monkeypatch)
+
+    assert code == 2
+    assert "concurency" in capsys.readouterr().err
+
+
+def test_unreachable_engines_fail_every_check_without_crashing(tmp_path, monkeypatch):
+    with fixture_fleet(engines=1, router=False) as (engines, _):
+        config = verify_config(engines, None)
+    # The server is stopped now: its port refuses connections.
+    code, report, out = run_verify(tmp_path, config, monkeypatch, client_key="")
+
+    assert code == 1
+    assert statuses(report) == {
+        "smoke engine01/g0": "fail",
+        "crosstalk": "fail",
+        "prefix_cache engine01/g0": "fail",
+    }
+    assert report["fleet"][0]["health"] == "unreachable (ConnectError)"
+    crosstalk = next(c for c in report["checks"] if c["name"] == "crosstalk")
+    assert crosstalk["details"]["totals"]["status_codes"] == {"0": 16}
+    assert (out / "report.md").exists()
