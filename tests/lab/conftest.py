@@ -70,7 +70,14 @@ def engine_key() -> str:
 
 @pytest.fixture(scope="session")
 def fresh_lab() -> Iterator[PlaybookRun]:
-    """Remove any lab, create a new one, run site.yml once; yields that run."""
+    """Remove any lab, create a new one, run site.yml once; yields that run.
+
+    VLLM_FLEET_LAB_REUSE=1 uses the lab as it is instead (while working on one test;
+    CI always starts fresh).
+    """
+    if os.environ.get("VLLM_FLEET_LAB_REUSE") == "1":
+        yield PlaybookRun(0, "lab reused as it is", 0.0)
+        return
     down = playbook("lab/lab.yml", "-e", "lab_state=absent")
     assert down.returncode == 0, down.output[-3000:]
     up = playbook("lab/lab.yml", "-e", f"lab_engine_image={lab_engine_image()}")

@@ -67,12 +67,12 @@ def probe_completion(
 PROGRESS_SAMPLES = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total")
 
 
-def engine_progress(client: httpx.Client, base_url: str) -> float | None:
+def engine_progress(client: httpx.Client, base_url: str, timeout: float = 5.0) -> float | None:
     """Tokens the engine has processed so far (from /metrics); None if it cannot say."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        response = client.get(f"{base_url}/metrics")
+        response = client.get(f"{base_url}/metrics", timeout=timeout)
         if response.status_code != 200:
             return None
         total = 0.0

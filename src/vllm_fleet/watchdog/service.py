@@ -61,6 +61,8 @@ class GroupView:
     probe: ProbeResult | None = None
     registered: dict[str, bool] = field(default_factory=dict)
     inflight: Future[Observation] | None = None
+    # Tokens the engine had processed at the end of the previous observation.
+    progress: float | None = None
 
 
 @dataclass
@@ -174,7 +176,6 @@ class Watchdog:
         except UnitError as err:
             unit_error = str(err)
         spec = view.spec
-        before = engine_progress(view.http, spec.probe_url)
         probe = probe_completion(
             view.http,
             spec.probe_url,
@@ -183,8 +184,11 @@ class Watchdog:
             prompt=self.config.probe_prompt,
             max_tokens=self.config.probe_max_tokens,
         )
+        # Progress since the previous observation tells a busy engine from a hung one; a
+        # short timeout, so a hung API server delays detection by seconds, not a probe.
+        before, view.progress = view.progress, engine_progress(view.http, spec.probe_url, 2.0)
         if not probe.ok:
-            probe = judge_timeout(probe, before, engine_progress(view.http, spec.probe_url))
+            probe = judge_timeout(probe, before, view.progress)
         return Observation(unit, unit_error, probe)
 
     def _reconcile(self) -> None:

@@ -1,0 +1,118 @@
+"""A bounded client load through the router while a fault is injected.
+
+Non-streaming requests must all succeed (the router retries them on another engine);
+a stream that already started on an engine that dies cannot be retried by either router,
+so cut streams are counted separately.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+
+@dataclass
+class LoadStats:
+    plain_ok: int = 0
+    plain_failed: int = 0
+    streams_ok: int = 0
+    streams_cut: int = 0
+    plain_seconds: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        worst = max(self.plain_seconds, default=0.0)
+        return (
+            f"non-streaming {self.plain_ok} ok / {self.plain_failed} failed "
+            f"(slowest {worst:.1f} s); streams {self.streams_ok} ok / {self.streams_cut} cut"
+        )
+
+
+class ClientLoad:
+    """``plain`` threads of short completions and ``streams`` threads of streamed ones."""
+
+    def __init__(
+        self, base_url: str, key: str, model: str, plain: int = 3, streams: int = 1
+    ) -> None:
+        self.base_url = base_url
+        self.headers = {"Authorization": f"Bearer {key}"}
+        self.model = model
+        self.stats = LoadStats()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._plain_loop, args=(i,), daemon=True) for i in range(plain)
+        ] + [
+            threading.Thread(target=self._stream_loop, args=(i,), daemon=True)
+            for i in range(streams)
+        ]
+
+    def __enter__(self) -> ClientLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> LoadStats:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
+        return self.stats
+
+    def _body(self, worker: int, n: int, stream: bool) -> dict[str, object]:
+        return {
+            "model": self.model,
+            "prompt": f"Client {worker}, request {n}: list three colours.",
+            "max_tokens": 32 if stream else 8,
+            "temperature": 0,
+            "stream": stream,
+        }
+
+    def _plain_loop(self, worker: int) -> None:
+        with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=90) as client:
+            n = 0
+            while not self._stop.is_set():
+                n += 1
+                started = time.monotonic()
+                try:
+                    response = client.post("/v1/completions", json=self._body(worker, n, False))
+                    ok = response.status_code == 200 and bool(response.json().get("choices"))
+                    detail = f"HTTP {response.status_code}: {response.text[:160]}"
+                except httpx.HTTPError as err:
+                    ok, detail = False, f"{type(err).__name__}: {err}"
+                with self._lock:
+                    self.stats.plain_seconds.append(time.monotonic() - started)
+                    if ok:
+                        self.stats.plain_ok += 1
+                    else:
+                        self.stats.plain_failed += 1
+                        self.stats.failures.append(detail)
+                if not ok:
+                    time.sleep(0.2)  # a client backs off rather than spin on a refusal
+
+    def _stream_loop(self, worker: int) -> None:
+        with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=90) as client:
+            n = 0
+            while not self._stop.is_set():
+                n += 1
+                done = False
+                try:
+                    body = self._body(100 + worker, n, True)
+                    with client.stream("POST", "/v1/completions", json=body) as response:
+                        for line in response.iter_lines():
+                            if line.strip() == "data: [DONE]":
+                                done = True
+                except httpx.HTTPError:
+                    done = False
+                with self._lock:
+                    if done:
+                        self.stats.streams_ok += 1
+                    else:
+                        self.stats.streams_cut += 1
+                if not done:
+                    time.sleep(0.2)
