@@ -46,9 +46,17 @@ def playbook(*args: str) -> PlaybookRun:
     return PlaybookRun(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started)
 
 
-def in_host(host: str, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def in_host(
+    host: str, *argv: str, check: bool = True, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run argv in a lab container; ``stdin`` feeds it (secrets go there, not on argv)."""
+    interactive = ["-i"] if stdin is not None else []
     return subprocess.run(
-        ["podman", "exec", host, *argv], capture_output=True, text=True, check=check
+        ["podman", "exec", *interactive, host, *argv],
+        capture_output=True,
+        text=True,
+        check=check,
+        input=stdin,
     )
 
 

@@ -1,0 +1,69 @@
+"""The router launcher builds each real router's RouterArgs; keys come only from the env."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_fleet.router_launch import CLIENT_KEY_ENV, CONTROL_KEY_ENV, build_args
+
+# What roles/router/templates/router.json.j2 renders (lab values).
+ROUTER_ARGS = {
+    "host": "10.89.0.2",
+    "port": 30000,
+    "policy": "cache_aware",
+    "worker_urls": [],
+    "prometheus_host": "10.89.0.2",
+    "prometheus_port": 29000,
+    "request_timeout_secs": 20,
+    "max_concurrent_requests": 64,
+    "queue_size": 0,
+    "queue_timeout_secs": 5,
+    "balance_abs_threshold": 8,
+    "balance_rel_threshold": 1.5,
+    "health_check_interval_secs": 1,
+    "health_check_timeout_secs": 5,
+    "health_failure_threshold": 3,
+    "health_success_threshold": 1,
+    "cb_failure_threshold": 3,
+    "cb_success_threshold": 1,
+    "cb_timeout_duration_secs": 3,
+    "retry_max_retries": 3,
+    "retry_initial_backoff_ms": 50,
+    "retry_max_backoff_ms": 500,
+    "log_level": "info",
+}
+KEYS = {CLIENT_KEY_ENV: "client-key-0123456789", CONTROL_KEY_ENV: "control-key-0123456789"}
+
+
+def config(impl: str) -> dict[str, object]:
+    package = {"sglang": "sglang_router", "vllm": "vllm_router"}[impl]
+    return {"impl": impl, "package": package, "router_args": dict(ROUTER_ARGS)}
+
+
+def test_sglang_gets_the_client_key_and_an_admin_control_key():
+    args = build_args(config("sglang"), KEYS)
+    assert args.api_key == KEYS[CLIENT_KEY_ENV]
+    assert args.control_plane_api_keys == [
+        ("vllm-fleet", "vllm-fleet", KEYS[CONTROL_KEY_ENV], "admin")
+    ]
+    assert (args.host, args.prometheus_host) == ("10.89.0.2", "10.89.0.2")
+    assert args.request_timeout_secs == 20 and args.max_concurrent_requests == 64
+
+
+def test_sglang_refuses_to_start_without_both_keys():
+    with pytest.raises(SystemExit, match="refusing to start an unauthenticated router"):
+        build_args(config("sglang"), {CLIENT_KEY_ENV: "only-the-client-key"})
+
+
+def test_vllm_router_takes_every_rendered_setting_and_no_key():
+    args = build_args(config("vllm"), KEYS)
+    assert args.policy == "cache_aware" and args.balance_abs_threshold == 8
+    # vllm-router does not check client keys: passing one would only suggest it does.
+    assert args.api_key is None
+
+
+def test_an_unknown_setting_is_refused_by_name():
+    bad = config("sglang")
+    bad["router_args"]["helth_check_interval_secs"] = 1  # type: ignore[index]
+    with pytest.raises(SystemExit, match="does not take helth_check_interval_secs"):
+        build_args(bad, KEYS)
