@@ -71,10 +71,14 @@ def test_each_engine_serves_on_its_own_core(fresh_lab):
         assert f"VLLM_CPU_OMP_THREADS_BIND={index}" in environ
 
 
-def test_the_key_stays_out_of_command_lines_output_and_journal(fresh_lab):
-    key = engine_key()
-    assert key not in fresh_lab.output
-    for host in ENGINES:
+def test_the_keys_stay_out_of_command_lines_output_and_journal(fresh_lab):
+    secrets = ROOT / ".lab/secrets"
+    keys = [engine_key()] + [
+        (secrets / name).read_text().strip() for name in ("router_client_key", "router_control_key")
+    ]
+    for key in keys:
+        assert key not in fresh_lab.output
+    for host in [*ENGINES, "router01"]:
         cmdlines = in_host(
             host,
             "python3",
@@ -83,12 +87,19 @@ def test_the_key_stays_out_of_command_lines_output_and_journal(fresh_lab):
             "    try: print(open(p, 'rb').read().replace(b'\\0', b' ').decode())\n"
             "    except OSError: pass",
         ).stdout
-        assert "serve /srv/models/" in cmdlines
-        assert key not in cmdlines
+        assert ("serve /srv/models/" in cmdlines) == (host != "router01")
         journal = in_host(host, "journalctl", "--no-pager", "-o", "cat").stdout
-        assert key not in journal
-        mode = in_host(host, "stat", "-c", "%a %U", "/etc/vllm-fleet/engines/g0.env").stdout
-        assert mode.split() == ["600", "root"]
+        for key in keys:
+            assert key not in cmdlines
+            assert key not in journal
+        key_files = (
+            ["/etc/vllm-fleet/router.env", "/var/lib/vllm-fleet/verify/verify.env"]
+            if host == "router01"
+            else ["/etc/vllm-fleet/engines/g0.env", "/etc/vllm-fleet/watchdog.env"]
+        )
+        for path in key_files:
+            mode = in_host(host, "stat", "-c", "%a %U", path).stdout
+            assert mode.split() == ["600", "root"], path
 
 
 def test_a_wrong_key_makes_smoke_fail(fresh_lab):
@@ -165,7 +176,7 @@ def test_a_group_that_cannot_start_fails_with_its_journal_and_recovers(fresh_lab
     )
     broken = playbook("site.yml", "--limit", "engine02", "-e", f"@{bad}")
     assert broken.returncode != 0
-    assert "engine group g0 (vllm-engine@g0.service) did not answer" in broken.output
+    assert "engine group g0 (vllm-engine@g0.service) did not start and answer" in broken.output
     assert "unrecognized arguments: --no-such-flag" in broken.output
 
     restored = playbook("site.yml", "--limit", "engine02")
