@@ -1,9 +1,9 @@
 """Run every role's Molecule scenario, sharing one engine-host image between them.
 
 engine_runtime's scenario runs first on the bare base image. Its converged, verified
-container is then committed as the engine-host image that the model_weights and
-vllm_engine scenarios (and the lab end-to-end test) start from, where engine_runtime
-must find nothing to change. Prints each scenario's time.
+container is then committed as the engine-host image that the model_weights, vllm_engine,
+router (its engine host) and engine_watchdog scenarios (and the lab end-to-end test) start
+from, where engine_runtime must find nothing to change. Prints each scenario's time.
 """
 
 from __future__ import annotations
@@ -18,7 +18,14 @@ from tests.lab_images import ENGINE_IMAGE_ENV, ENGINE_IMAGE_REPO, engine_image_t
 
 ROOT = Path(__file__).resolve().parents[1]
 BAKER = ("engine_runtime", "vf-engine-runtime")
-SCENARIOS = ["preflight", "model_weights", "vllm_engine"]
+SCENARIOS = [
+    "preflight",
+    "model_weights",
+    "vllm_engine",
+    "router",
+    "engine_watchdog",
+    "fleet_verify",
+]
 
 
 def molecule(role: str, *args: str, env: dict[str, str]) -> int:

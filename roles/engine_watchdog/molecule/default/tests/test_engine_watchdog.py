@@ -19,9 +19,9 @@ PROBES = 'vllm_fleet_watchdog_probe_seconds_count{group="g0"}'
 RESTARTS = 'vllm_fleet_watchdog_restarts_total{group="g0"}'
 # fleet_watchdog in molecule.yml.
 INTERVAL, PROBE_TIMEOUT, FAILURE_THRESHOLD = 1, 3, 2
-# A probe is a completion plus two /metrics reads, each bounded by the probe timeout; the
-# watchdog counts a probe that has not returned after 2 x timeout + 1 s as failed.
-DETECTION_LIMIT = FAILURE_THRESHOLD * (INTERVAL + PROBE_TIMEOUT) + 6
+# A hung engine's probe does not return; the watchdog counts one still running after
+# 2 x timeout + 1 s as failed. Measured: 7.7-11.2 s; the margin is for a loaded 2-core host.
+DETECTION_LIMIT = FAILURE_THRESHOLD * (INTERVAL + PROBE_TIMEOUT) + 10
 # The engine's own start (vLLM loading, warming up) on 2 shared CPU cores.
 RECOVERY_LIMIT = 180
 SAMPLE = re.compile(r"^(?P<name>[a-z_:]+(?:\{[^}]*\})?) (?P<value>\S+)$")
