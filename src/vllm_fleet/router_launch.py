@@ -1,9 +1,11 @@
-"""Start the fleet's router in-process, keys from the environment (never argv).
+"""Start the fleet's router in-process, keys from a systemd credential (never argv).
 
 Runs inside the router's own venv (``python -m vllm_fleet.router_launch CONFIG``), where
 only the router's wheels and this package (without its dependencies) are installed: it
 imports nothing but the standard library and the router. Both routers take a RouterArgs
-dataclass; building it here keeps the client and control keys out of ``ps``.
+dataclass; building it here keeps the client and control keys out of ``ps``. The unit
+hands the keys over with LoadCredential= rather than EnvironmentFile=, so they are not in
+the process's environment block (/proc/<pid>/environ) either.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 CLIENT_KEY_ENV = "VLLM_FLEET_ROUTER_CLIENT_KEY"
+# The credential's name in the unit (LoadCredential=router.env:/etc/vllm-fleet/router.env).
+CREDENTIAL = "router.env"
 CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
 # The control-plane key's identity in sglang-router's audit log.
 CONTROL_KEY_ID = "vllm-fleet"
@@ -39,6 +43,15 @@ def router_kwargs(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any]
     return kwargs
 
 
+def keys_from(credentials_dir: str | None, env: dict[str, str]) -> dict[str, str]:
+    """The keys: from the unit's credential when there is one, else from the environment."""
+    from vllm_fleet.env_file import read_env_file
+
+    if credentials_dir and (Path(credentials_dir) / CREDENTIAL).is_file():
+        return read_env_file(Path(credentials_dir) / CREDENTIAL)
+    return {k: v for k, v in env.items() if k in (CLIENT_KEY_ENV, CONTROL_KEY_ENV)}
+
+
 def build_args(config: dict[str, Any], env: dict[str, str]) -> object:
     package = config["package"]
     router_args = importlib.import_module(f"{package}.router_args").RouterArgs
@@ -55,7 +68,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m vllm_fleet.router_launch ROUTER.json", file=sys.stderr)
         return 2
     config = json.loads(Path(argv[0]).read_text())
-    args = build_args(config, dict(os.environ))
+    keys = keys_from(os.environ.get("CREDENTIALS_DIRECTORY"), dict(os.environ))
+    args = build_args(config, keys)
     # Out of the environment, so nothing the router spawns inherits them.
     for name in (CLIENT_KEY_ENV, CONTROL_KEY_ENV):
         os.environ.pop(name, None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_fleet.router_launch import CLIENT_KEY_ENV, CONTROL_KEY_ENV, build_args
+from vllm_fleet.router_launch import CLIENT_KEY_ENV, CONTROL_KEY_ENV, build_args, keys_from
 
 # What roles/router/templates/router.json.j2 renders (lab values).
 ROUTER_ARGS = {
@@ -67,3 +67,17 @@ def test_an_unknown_setting_is_refused_by_name():
     bad["router_args"]["helth_check_interval_secs"] = 1  # type: ignore[index]
     with pytest.raises(SystemExit, match="does not take helth_check_interval_secs"):
         build_args(bad, KEYS)
+
+
+def test_keys_come_from_the_units_credential_before_the_environment(tmp_path):
+    (tmp_path / "router.env").write_text(
+        "# comment\nVLLM_FLEET_ROUTER_CLIENT_KEY='from-credential-client'\n"
+        "VLLM_FLEET_ROUTER_CONTROL_KEY=from-credential-control\n"
+    )
+    keys = keys_from(str(tmp_path), {CLIENT_KEY_ENV: "from-env", "PATH": "/usr/bin"})
+    assert keys == {
+        CLIENT_KEY_ENV: "from-credential-client",
+        CONTROL_KEY_ENV: "from-credential-control",
+    }
+    # No credential: the environment's keys, and nothing else from it.
+    assert keys_from(None, {CLIENT_KEY_ENV: "a", "PATH": "/usr/bin"}) == {CLIENT_KEY_ENV: "a"}

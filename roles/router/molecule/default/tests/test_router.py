@@ -87,11 +87,6 @@ def test_keys_are_on_no_command_line_and_not_in_the_journals(router, engine):
             assert key not in journal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="router_launch pops the keys from os.environ, which does not scrub the "
-    "process's initial environment block: /proc/<pid>/environ still holds both keys",
-)
 def test_keys_are_not_in_the_router_process_environment(router):
     for pid, _ in unit_processes(router):
         environ = router.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ")
