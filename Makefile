@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -53,8 +53,12 @@ e2e: prepare ## the lab end to end: fresh lab, site.yml, idempotence, corruption
 
 test: lint unit molecule e2e ## everything CI runs
 
-bench: prepare ## lab bring-up time by phase, and the re-run as a fraction of it
+bench: prepare ## lab bring-up time by phase and the re-run's fraction; then bench-router
 	$(BIN)/python bench/lab_bringup.py
+	$(MAKE) bench-router
+
+bench-router: venv ## on the lab: router overhead; prefix-cache hits per policy vs ideal
+	$(BIN)/python bench/router_bench.py
 
 clean: lab-down ## remove the lab and the controller venv (caches stay in $(VLLM_FLEET_CACHE))
 	rm -rf $(VENV) .collections
