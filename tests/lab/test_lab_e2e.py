@@ -242,7 +242,13 @@ def test_check_mode_on_a_bare_host_reports_changes_and_makes_none(fresh_lab, bar
     # The key goes in a 0600 vars file, never on a command line.
     key_file = inventory / "key.yml"
     key_file.touch(mode=0o600)
-    key_file.write_text(yaml.safe_dump({"fleet_engine_api_key": engine_key()}))
+    secrets = ROOT / ".lab/secrets"
+    keys = {
+        "fleet_engine_api_key": engine_key(),
+        "fleet_router_client_key": (secrets / "router_client_key").read_text().strip(),
+        "fleet_router_control_key": (secrets / "router_control_key").read_text().strip(),
+    }
+    key_file.write_text(yaml.safe_dump(keys))
     run = playbook("-i", str(inventory), "site.yml", "--check", "--diff", "-e", f"@{key_file}")
     assert run.returncode == 0, run.output[-5000:]
     assert run.recap()[name]["changed"] > 0
