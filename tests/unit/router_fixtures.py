@@ -1,7 +1,8 @@
 """Real routers (sglang-router, vllm-router) in subprocesses, and a fake engine to route to.
 
 The fake engine is a real HTTP server on 127.0.0.1 that speaks just enough OpenAI
-(/health, /v1/models, /v1/completions); it can be told to fail, hang or refuse /health.
+(/health, /v1/models, /v1/completions); it can be told to fail, hang, reset the connection
+of a request it has read (what a killed engine does to requests in flight) or refuse /health.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import contextlib
 import http.server
 import json
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -74,7 +76,9 @@ def _answers(url: str) -> bool:
     return False
 
 
-def start_router(impl: str, log: Path, port: int | None = None) -> RouterProcess:
+def start_router(
+    impl: str, log: Path, port: int | None = None, extra: dict[str, object] | None = None
+) -> RouterProcess:
     """A real router on 127.0.0.1; sglang with a control-plane key and a client key."""
     port = port or free_port()
     settings: dict[str, object] = {
@@ -83,6 +87,7 @@ def start_router(impl: str, log: Path, port: int | None = None) -> RouterProcess
         "prometheus_host": "127.0.0.1",
         "prometheus_port": free_port(),
         "health_check_interval_secs": 1,
+        **(extra or {}),
     }
     if impl == "sglang":
         settings["api_key"] = CLIENT_KEY
@@ -110,8 +115,10 @@ def start_router(impl: str, log: Path, port: int | None = None) -> RouterProcess
 
 
 @contextlib.contextmanager
-def running_router(impl: str, log: Path) -> Iterator[RouterProcess]:
-    router = start_router(impl, log)
+def running_router(
+    impl: str, log: Path, extra: dict[str, object] | None = None
+) -> Iterator[RouterProcess]:
+    router = start_router(impl, log, extra=extra)
     try:
         yield router
     finally:
@@ -124,7 +131,7 @@ class FakeEngine:
 
     served_name: str = "fake-model"
     api_key: str = ENGINE_KEY
-    mode: str = "ok"  # ok | hang | error
+    mode: str = "ok"  # ok | hang | error | reset
     healthy: bool = True
     url: str = ""
     completions: list[str] = field(default_factory=list)  # Authorization headers seen
@@ -165,6 +172,12 @@ def _handler(engine: FakeEngine) -> type[http.server.BaseHTTPRequestHandler]:
                 engine.release.wait(timeout=30)
             elif engine.mode == "error":
                 self._send(500, {"error": "engine core died"})
+            elif engine.mode == "reset":
+                # Linger 0: close() sends RST, as the kernel does for a killed process's sockets.
+                linger = struct.pack("ii", 1, 0)
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                self.connection.close()
+                self.close_connection = True
             else:
                 self._send(
                     200,

@@ -1,0 +1,87 @@
+"""The router role's validation (tasks/validate.yml) refuses bad settings by name.
+
+Runs the role's real validation tasks with ansible-playbook on the controller (no host
+is touched: validation only asserts and sets facts).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASES = yaml.safe_load((ROOT / "catalog/routers.yml").read_text())["fleet_router_releases"]
+
+
+def validate(tmp_path: Path, fleet_router: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    variables = {
+        "fleet_router": fleet_router,
+        "fleet_router_releases": RELEASES,
+        "fleet_router_client_key": "client-key-0123456789",
+        "fleet_router_control_key": "control-key-0123456789",
+    }
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
+    play = [
+        {
+            "name": "Validate router settings",
+            "hosts": "router01",
+            "gather_facts": False,
+            "vars_files": [str(tmp_path / "vars.yml")],
+            "tasks": [
+                {
+                    "name": "Run the role's validation",
+                    "ansible.builtin.include_role": {
+                        "name": "router",
+                        "tasks_from": "validate.yml",
+                    },
+                }
+            ],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i", "router01,",
+            "-c", "local",
+            "-e", "ansible_python_interpreter=" + sys.executable,
+            str(tmp_path / "play.yml"),
+        ],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+
+
+def test_the_defaults_pass(tmp_path):
+    run = validate(tmp_path, {})
+    assert run.returncode == 0, run.stdout[-3000:]
+
+
+@pytest.mark.parametrize(("retries", "breaker"), [(2, 2), (3, 5)])
+def test_retries_that_cannot_reach_another_engine_are_refused(tmp_path, retries, breaker):
+    run = validate(tmp_path, {"retry_max_retries": retries, "cb_failure_threshold": breaker})
+    assert run.returncode != 0
+    assert (
+        f"host router01: fleet_router.retry_max_retries={retries} must be greater than "
+        f"fleet_router.cb_failure_threshold={breaker}"
+    ) in run.stdout
+    assert f"raise retry_max_retries to at least {breaker + 1}" in run.stdout
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0", "8.8.8.8"])
+def test_vllm_router_beyond_private_networks_is_refused(tmp_path, address):
+    run = validate(tmp_path, {"impl": "vllm", "bind_address": address})
+    assert run.returncode != 0
+    assert f"fleet_router.bind_address={address} is not a loopback or private address" in (
+        run.stdout
+    )
+
+
+def test_vllm_router_exposure_can_be_accepted_explicitly(tmp_path):
+    settings = {"impl": "vllm", "bind_address": "0.0.0.0", "accept_unauthenticated_exposure": True}
+    assert validate(tmp_path, settings).returncode == 0
