@@ -7,8 +7,12 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vllm_fleet import __version__
+
+if TYPE_CHECKING:
+    from vllm_fleet.engine_config import EngineConfig
 
 
 def _cmd_engine_run(args: argparse.Namespace) -> int:
@@ -106,8 +110,63 @@ def _cmd_watchdog(args: argparse.Namespace) -> int:
     return watchdog_main(["--config", args.config, *(["--once"] if args.once else [])])
 
 
+def _traffic_inputs(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, str]]:
+    from vllm_fleet.engine_config import EngineConfig
+    from vllm_fleet.env_file import read_env_file
+
+    cfg = EngineConfig.model_validate_json(Path(args.config).read_text())
+    return cfg, read_env_file(Path(args.env_file))
+
+
+def _cmd_traffic_drain(args: argparse.Namespace) -> int:
+    from vllm_fleet.engine_exec import CONTROL_KEY_ENV
+    from vllm_fleet.traffic import TrafficError, drain
+
+    cfg, env = _traffic_inputs(args)
+    try:
+        result = drain(cfg, env.get(CONTROL_KEY_ENV) or None, args.timeout, args.reason)
+    except TrafficError as err:
+        _stderr(f"drain: {err}")
+        return 1
+    print(json.dumps(asdict(result)))
+    return 0
+
+
+def _cmd_traffic_release(args: argparse.Namespace) -> int:
+    from vllm_fleet.engine_exec import CONTROL_KEY_ENV
+    from vllm_fleet.traffic import TrafficError, release
+
+    cfg, env = _traffic_inputs(args)
+    try:
+        seconds = release(
+            cfg, env.get("VLLM_API_KEY", ""), env.get(CONTROL_KEY_ENV) or None, args.timeout
+        )
+    except TrafficError as err:
+        _stderr(f"release: {err}")
+        return 1
+    print(json.dumps({"group": cfg.group, "seconds": seconds}))
+    return 0
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _add_traffic(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    traffic = sub.add_parser(
+        "traffic", help="take an engine group out of the routers and back (upgrades)"
+    ).add_subparsers(dest="traffic_command", required=True)
+    p = traffic.add_parser("drain", help="hold the group out of the routers; wait until idle")
+    p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
+    p.add_argument("--env-file", required=True, help="the group's root-only env file (keys)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for idle")
+    p.add_argument("--reason", default="drained by vllm-fleet", help="recorded in the hold")
+    p.set_defaults(func=_cmd_traffic_drain)
+    p = traffic.add_parser("release", help="lift the hold; rejoin every router and wait")
+    p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
+    p.add_argument("--env-file", required=True, help="the group's root-only env file (keys)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for listing")
+    p.set_defaults(func=_cmd_traffic_release)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--once", action="store_true", help="one pass; print states; exit 1 unless healthy"
     )
     p.set_defaults(func=_cmd_watchdog)
+
+    _add_traffic(sub)
 
     p = sub.add_parser("lock", help="print a hash lock for a wheelhouse")
     p.add_argument("wheelhouse")

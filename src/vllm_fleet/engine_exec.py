@@ -25,6 +25,7 @@ from pathlib import Path
 
 import httpx
 
+from vllm_fleet import hold
 from vllm_fleet.engine_config import (
     EngineConfig,
     advertise_url,
@@ -121,6 +122,16 @@ class Membership:
             self._each_router(lambda c: c.leave(self.url), "leave", "left")
 
 
+def admit(cfg: EngineConfig, membership: Membership) -> str:
+    """Join the routers unless the group is held out of them; a suffix for the status."""
+    if hold.is_held(cfg.group):
+        # An upgrade checks the group directly before it gets traffic again.
+        log(f"held out of the routers ({hold.hold_path(cfg.group)}); not joining")
+        return ", held out of the routers"
+    membership.join()
+    return ""
+
+
 def wait_healthy(url: str, child: subprocess.Popen[bytes], membership: Membership) -> bool:
     """Poll /health until 200; False if vLLM exits or the group is stopped first."""
     with httpx.Client(timeout=2.0) as client:
@@ -148,8 +159,8 @@ def run(config_path: Path) -> int:
     def on_ready() -> None:
         health = f"http://{probe_host(cfg)}:{cfg.port}/health"
         if wait_healthy(health, child, membership):
-            membership.join()
-            notify(f"READY=1\nSTATUS=serving {cfg.served_name} on port {cfg.port}")
+            status = admit(cfg, membership)
+            notify(f"READY=1\nSTATUS=serving {cfg.served_name} on port {cfg.port}{status}")
 
     def forward(signum: int, _frame: object) -> None:
         if signum == signal.SIGTERM and not membership.stopping:

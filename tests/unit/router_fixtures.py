@@ -135,6 +135,8 @@ class FakeEngine:
     healthy: bool = True
     url: str = ""
     completions: list[str] = field(default_factory=list)  # Authorization headers seen
+    running: int = 0  # vllm:num_requests_running on /metrics
+    waiting: int = 0  # vllm:num_requests_waiting
     release: threading.Event = field(default_factory=threading.Event)
 
 
@@ -156,6 +158,19 @@ def _handler(engine: FakeEngine) -> type[http.server.BaseHTTPRequestHandler]:
                 self._send(200 if engine.healthy else 503, {})
             elif self.path == "/v1/models":
                 self._send(200, {"object": "list", "data": [{"id": engine.served_name}]})
+            elif self.path == "/metrics":
+                labels = f'{{model_name="{engine.served_name}",engine="0"}}'
+                body = (
+                    "# TYPE vllm:num_requests_running gauge\n"
+                    f"vllm:num_requests_running{labels} {engine.running}.0\n"
+                    "# TYPE vllm:num_requests_waiting gauge\n"
+                    f"vllm:num_requests_waiting{labels} {engine.waiting}.0\n"
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
             else:
                 self._send(404, {"error": "not found"})
 

@@ -28,6 +28,7 @@ from tests.unit.router_fixtures import (
     start_router,
     wait_until,
 )
+from vllm_fleet import hold
 from vllm_fleet.router_client import RouterTarget, router_client
 from vllm_fleet.watchdog import journal
 from vllm_fleet.watchdog.config import WatchdogConfig
@@ -238,6 +239,30 @@ def test_a_unit_that_is_stopping_is_not_rejoined(tmp_path, sglang_router, engine
         watchdog.close()
     assert engine.url not in listed(sglang_router)
     assert watchdog.snapshot()["groups"]["g0"]["registered"] == {sglang_router.url: False}
+
+
+def test_a_held_group_is_kept_out_of_the_routers_until_released(
+    tmp_path, sglang_router, engine, units, monkeypatch, capsys
+):
+    monkeypatch.setenv(hold.HOLD_DIR_ENV, str(tmp_path / "hold"))
+    _, config = write_setup(tmp_path, {"g0": engine}, [sglang_router])
+    watchdog = make_watchdog(config, units)
+    try:
+        watchdog.run_pass()
+        wait_until(lambda: engine.url in listed(sglang_router), what="the join")
+        hold.hold("g0", "upgrade")
+        watchdog.run_pass()
+        assert engine.url not in listed(sglang_router)
+        watchdog.run_pass()  # a healthy, held group stays out
+        assert engine.url not in listed(sglang_router)
+        assert watchdog.snapshot()["groups"]["g0"]["held"] is True
+        hold.release("g0")
+        watchdog.run_pass()
+        wait_until(lambda: engine.url in listed(sglang_router), what="the rejoin")
+    finally:
+        watchdog.close()
+    events = [e["event"] for _, e in events_of(capsys.readouterr().out)]
+    assert events == ["healthy", "joined", "held", "left", "unheld", "joined"]
 
 
 def test_the_loop_tells_systemd_ready_then_pings(tmp_path, engine, units):

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 import httpx
 
+from vllm_fleet import hold
 from vllm_fleet.router_client import RouterClient, RouterError, RouterTarget, router_client
 from vllm_fleet.sd_notify import notify
 from vllm_fleet.watchdog import journal
@@ -63,6 +64,7 @@ class GroupView:
     inflight: Future[Observation] | None = None
     # Tokens the engine had processed at the end of the previous observation.
     progress: float | None = None
+    held: bool = False  # an upgrade holds it out of the routers (vllm_fleet.hold)
 
 
 @dataclass
@@ -205,7 +207,7 @@ class Watchdog:
                 self._emit("info", "router_ok", f"router {name} answers again", router=name)
             for view in self.groups:
                 present = view.spec.advertise_url in listed
-                if self.act and present != view.machine.should_register:
+                if self.act and present != self._wants_registered(view):
                     try:
                         present = self._converge(router, view)
                     except RouterError as err:
@@ -213,10 +215,19 @@ class Watchdog:
                 view.registered[name] = present
                 self.metrics.registered.labels(group=view.spec.group, router=name).set(present)
 
+    def _wants_registered(self, view: GroupView) -> bool:
+        """The state machine's wish, unless an upgrade holds the group out of the routers."""
+        held = hold.is_held(view.spec.group)
+        if held != view.held:
+            view.held = held
+            message = "held out of the routers" if held else "hold lifted"
+            self._emit("info", "held" if held else "unheld", message, view)
+        return view.machine.should_register and not held
+
     def _converge(self, router: RouterView, view: GroupView) -> bool:
-        """Join or leave as the machine wants; returns whether the group is now listed."""
+        """Join or leave as wanted; returns whether the group is now listed."""
         spec, name = view.spec, router.target.url
-        if not view.machine.should_register:
+        if not self._wants_registered(view):
             if router.client.leave(spec.advertise_url):
                 self._emit("info", "left", f"removed from router {name}", view, router=name)
             return False
@@ -274,6 +285,7 @@ class Watchdog:
                 if probe is None
                 else {"ok": probe.ok, "seconds": round(probe.seconds, 3), "detail": probe.detail},
                 "registered": dict(view.registered),
+                "held": view.held,
             }
         return {"groups": groups}
 

@@ -1,0 +1,153 @@
+"""Draining a group out of a real sglang-router and releasing it back; the hold file."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from tests.unit.router_fixtures import (
+    CONTROL_KEY,
+    ENGINE_KEY,
+    FakeEngine,
+    running_engine,
+    running_router,
+    sglang_listing,
+    wait_until,
+)
+from vllm_fleet import hold
+from vllm_fleet.cli import main
+from vllm_fleet.engine_config import EngineConfig
+from vllm_fleet.engine_exec import Membership, admit
+from vllm_fleet.router_client import RouterTarget, router_client
+from vllm_fleet.traffic import TrafficError, drain, release
+
+
+@pytest.fixture(scope="module")
+def sglang_router(tmp_path_factory):
+    log = tmp_path_factory.mktemp("sglang") / "router.log"
+    with running_router("sglang", log) as router:
+        yield router
+
+
+@pytest.fixture(autouse=True)
+def hold_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(hold.HOLD_DIR_ENV, str(tmp_path / "hold"))
+    return tmp_path / "hold"
+
+
+@pytest.fixture
+def engine():
+    with running_engine() as served:
+        yield served
+
+
+def config_for(engine: FakeEngine, routers: list[str]) -> EngineConfig:
+    port = int(engine.url.rsplit(":", 1)[1])
+    return EngineConfig.model_validate(
+        {
+            "group": "g0",
+            "accelerator": "cpu",
+            "stack": "s",
+            "stack_dir": "/opt/vllm-fleet/stacks/s",
+            "model_path": "/srv/models/m/r",
+            "served_name": engine.served_name,
+            "host": "127.0.0.1",
+            "port": port,
+            "devices": [0],
+            "max_model_len": 128,
+            "max_num_seqs": 2,
+            "kv_cache_bytes": 1 << 20,
+            "advertise_url": engine.url,
+            "routers": [{"impl": "sglang", "url": url} for url in routers],
+        }
+    )
+
+
+def listed(router_url: str) -> list[str]:
+    return [str(w["url"]) for w in sglang_listing(router_url)]
+
+
+def join(router_url: str, engine: FakeEngine) -> None:
+    client = router_client(RouterTarget(impl="sglang", url=router_url), CONTROL_KEY)
+    client.join(engine.url, ENGINE_KEY, engine.served_name)
+    wait_until(lambda: engine.url in listed(router_url), timeout=15, what="the join")
+
+
+def test_drain_leaves_every_router_holds_and_waits_for_idle(sglang_router, engine, hold_dir):
+    join(sglang_router.url, engine)
+    engine.running, engine.waiting = 2, 1
+    # The engine finishes its requests a little after the drain starts.
+    threading.Timer(0.6, lambda: setattr(engine, "running", 0)).start()
+    threading.Timer(0.9, lambda: setattr(engine, "waiting", 0)).start()
+    result = drain(config_for(engine, [sglang_router.url]), CONTROL_KEY, 10, "upgrade", poll=0.1)
+    assert result.left == [sglang_router.url]
+    assert result.idle is True
+    assert 0.8 < result.seconds < 5
+    assert engine.url not in listed(sglang_router.url)
+    assert hold.is_held("g0")
+    assert json.loads((hold_dir / "g0").read_text())["reason"] == "upgrade"
+
+
+def test_drain_gives_up_waiting_at_its_timeout_and_says_what_is_left(sglang_router, engine):
+    engine.running = 3
+    result = drain(config_for(engine, [sglang_router.url]), CONTROL_KEY, 0.5, "upgrade", poll=0.1)
+    assert result.idle is False
+    assert result.in_flight == 3.0
+    assert result.left == []  # it was not listed
+    assert hold.is_held("g0")
+
+
+def test_drain_without_the_control_key_fails_and_names_the_group(sglang_router, engine):
+    join(sglang_router.url, engine)
+    with pytest.raises(TrafficError, match=r"group g0: could not leave the routers: .*401"):
+        drain(config_for(engine, [sglang_router.url]), "wrong-key", 5, "upgrade")
+    assert engine.url in listed(sglang_router.url)
+
+
+def test_release_lifts_the_hold_and_waits_until_listed(sglang_router, engine):
+    hold.hold("g0", "upgrade")
+    cfg = config_for(engine, [sglang_router.url])
+    seconds = release(cfg, ENGINE_KEY, CONTROL_KEY, 20, poll=0.1)
+    assert not hold.is_held("g0")
+    assert engine.url in listed(sglang_router.url)
+    assert seconds < 20
+    # Once listed, releasing again changes nothing.
+    assert release(cfg, ENGINE_KEY, CONTROL_KEY, 5) < 5
+    assert listed(sglang_router.url).count(engine.url) == 1
+    drain(cfg, CONTROL_KEY, 1, "cleanup")
+
+
+def test_release_to_a_router_that_is_down_times_out_with_its_name(engine):
+    with pytest.raises(TrafficError, match="group g0: could not rejoin"):
+        release(config_for(engine, ["http://127.0.0.1:9"]), ENGINE_KEY, CONTROL_KEY, 0.5, poll=0.1)
+
+
+def test_the_cli_reads_keys_from_the_env_file(tmp_path, sglang_router, engine, capsys):
+    cfg = config_for(engine, [sglang_router.url])
+    (tmp_path / "g0.json").write_text(cfg.model_dump_json())
+    env = tmp_path / "g0.env"
+    env.write_text(f"VLLM_API_KEY='{ENGINE_KEY}'\nVLLM_FLEET_ROUTER_CONTROL_KEY='{CONTROL_KEY}'\n")
+    argv = [str(tmp_path / "g0.json"), "--env-file", str(env), "--timeout", "20"]
+    assert main(["traffic", "release", *argv]) == 0
+    assert engine.url in listed(sglang_router.url)
+    assert main(["traffic", "drain", *argv, "--reason", "test"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert json.loads(out[-1])["left"] == [sglang_router.url]
+    assert json.loads(out[-1])["idle"] is True
+    assert engine.url not in listed(sglang_router.url)
+    assert CONTROL_KEY not in "".join(out)
+
+
+def test_a_held_engine_does_not_join_when_it_becomes_ready(sglang_router, engine):
+    cfg = config_for(engine, [sglang_router.url])
+    membership = Membership(cfg, ENGINE_KEY, CONTROL_KEY)
+    hold.hold("g0", "upgrade")
+    assert admit(cfg, membership) == ", held out of the routers"
+    assert engine.url not in listed(sglang_router.url)
+    hold.release("g0")
+    assert admit(cfg, membership) == ""
+    wait_until(lambda: engine.url in listed(sglang_router.url), timeout=15, what="the join")
+    membership.leave()
+    assert engine.url not in listed(sglang_router.url)
