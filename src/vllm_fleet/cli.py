@@ -124,7 +124,13 @@ def _cmd_traffic_drain(args: argparse.Namespace) -> int:
 
     cfg, env = _traffic_inputs(args)
     try:
-        result = drain(cfg, env.get(CONTROL_KEY_ENV) or None, args.timeout, args.reason)
+        result = drain(
+            cfg,
+            env.get(CONTROL_KEY_ENV) or None,
+            args.timeout,
+            args.reason,
+            min_peers=args.min_peers,
+        )
     except TrafficError as err:
         _stderr(f"drain: {err}")
         return 1
@@ -161,6 +167,12 @@ def _add_traffic(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--env-file", required=True, help="the group's root-only env file (keys)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for idle")
     p.add_argument("--reason", default="drained by vllm-fleet", help="recorded in the hold")
+    p.add_argument(
+        "--min-peers",
+        type=int,
+        default=0,
+        help="refuse unless every router serves the model on at least this many other engines",
+    )
     p.set_defaults(func=_cmd_traffic_drain)
     p = traffic.add_parser("release", help="lift the hold; rejoin every router and wait")
     p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")

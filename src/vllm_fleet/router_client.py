@@ -36,6 +36,7 @@ class RouterError(Exception):
 
 class RouterClient(Protocol):
     def workers(self) -> list[str]: ...
+    def serving(self, model_id: str) -> list[str]: ...
     def join(self, url: str, api_key: str, model_id: str) -> bool: ...
     def leave(self, url: str) -> bool: ...
     def close(self) -> None: ...
@@ -110,6 +111,15 @@ class SglangRouterClient(_HttpRouter):
     def workers(self) -> list[str]:
         return sorted(self._listed())
 
+    def serving(self, model_id: str) -> list[str]:
+        """Workers of this model the router considers healthy (it routes to them)."""
+        data = self._json("list workers", self._request("list workers", "GET", "/workers", (200,)))
+        return sorted(
+            normalize_url(w["url"])
+            for w in data.get("workers", [])
+            if w.get("is_healthy") and w.get("model_id") in (model_id, None)
+        )
+
     def _add_in_flight(self, url: str) -> bool:
         worker_id = self._queued.get(url)
         if worker_id is None:
@@ -163,6 +173,12 @@ class VllmRouterClient(_HttpRouter):
 
     def workers(self) -> list[str]:
         return sorted(self._listed())
+
+    def serving(self, model_id: str) -> list[str]:
+        # vllm-router lists neither health nor model: a listed worker is one it routes to
+        # (it drops workers that fail its health checks).
+        del model_id
+        return self.workers()
 
     def join(self, url: str, api_key: str, model_id: str) -> bool:
         # vllm-router takes neither: clients' own Authorization reaches the engine as is.

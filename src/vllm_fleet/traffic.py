@@ -63,18 +63,28 @@ def drain(
     timeout: float,
     reason: str,
     *,
+    min_peers: int = 0,
     poll: float = 0.5,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> DrainResult:
+    """``min_peers``: other workers of the model every router must be serving first."""
     started = clock()
-    hold.hold(cfg.group, reason)
     url = advertise_url(cfg)
     # One client per router for the whole wait: sglang-router removes a worker
     # asynchronously (202), so the listing is polled until the worker is gone.
     clients = {t.url: router_client(t, control_key, ROUTER_TIMEOUT) for t in cfg.routers}
     left: list[str] = []
     try:
+        for name, client in clients.items():
+            peers = [u for u in client.serving(cfg.served_name) if u != normalize_url(url)]
+            if len(peers) < min_peers:
+                raise TrafficError(
+                    f"not draining group {cfg.group}: router {name} serves {cfg.served_name} "
+                    f"on {len(peers)} other engine(s) ({', '.join(peers) or 'none'}), "
+                    f"and at least {min_peers} must keep serving"
+                )
+        hold.hold(cfg.group, reason)
         for name, client in clients.items():
             if client.leave(url):
                 left.append(name)

@@ -24,10 +24,10 @@ from vllm_fleet.router_client import RouterTarget, router_client
 from vllm_fleet.traffic import TrafficError, drain, release
 
 
-@pytest.fixture(scope="module")
-def sglang_router(tmp_path_factory):
-    log = tmp_path_factory.mktemp("sglang") / "router.log"
-    with running_router("sglang", log) as router:
+@pytest.fixture
+def sglang_router(tmp_path):
+    """A router per test: peers counted by one test must not be left over from another."""
+    with running_router("sglang", tmp_path / "router.log") as router:
         yield router
 
 
@@ -151,3 +151,38 @@ def test_a_held_engine_does_not_join_when_it_becomes_ready(sglang_router, engine
     wait_until(lambda: engine.url in listed(sglang_router.url), timeout=15, what="the join")
     membership.leave()
     assert engine.url not in listed(sglang_router.url)
+
+
+def test_drain_refuses_when_too_few_peers_serve_and_changes_nothing(sglang_router, engine):
+    join(sglang_router.url, engine)
+    with running_engine() as peer:
+        join(sglang_router.url, peer)
+        cfg = config_for(engine, [sglang_router.url])
+        with pytest.raises(TrafficError) as refused:
+            drain(cfg, CONTROL_KEY, 5, "upgrade", min_peers=2)
+        assert str(refused.value) == (
+            f"not draining group g0: router {sglang_router.url} serves fake-model on 1 other "
+            f"engine(s) ({peer.url}), and at least 2 must keep serving"
+        )
+        assert engine.url in listed(sglang_router.url)
+        assert not hold.is_held("g0")
+        # One peer serving is enough for min_peers=1.
+        assert drain(cfg, CONTROL_KEY, 10, "upgrade", min_peers=1, poll=0.1).idle
+        drain(config_for(peer, [sglang_router.url]), CONTROL_KEY, 10, "cleanup", poll=0.1)
+
+
+def test_an_unhealthy_peer_does_not_count(sglang_router, engine):
+    join(sglang_router.url, engine)
+    with running_engine() as peer:
+        join(sglang_router.url, peer)
+        peer.healthy = False
+        client = router_client(RouterTarget(impl="sglang", url=sglang_router.url), CONTROL_KEY)
+        wait_until(
+            lambda: peer.url not in client.serving("fake-model"), timeout=15, what="ejection"
+        )
+        assert engine.url in client.serving("fake-model")
+        assert client.serving("another-model") == []
+        with pytest.raises(TrafficError, match="on 0 other engine"):
+            drain(config_for(engine, [sglang_router.url]), CONTROL_KEY, 5, "upgrade", min_peers=1)
+        drain(config_for(peer, [sglang_router.url]), CONTROL_KEY, 10, "cleanup", poll=0.1)
+        drain(config_for(engine, [sglang_router.url]), CONTROL_KEY, 10, "cleanup", poll=0.1)
