@@ -17,6 +17,7 @@ import yaml
 from tests.lab_images import engine_image_tag
 
 ROOT = Path(__file__).resolve().parents[2]
+CACHE = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))
 ENGINES = ["engine01", "engine02"]
 RECAP = re.compile(
     r"^(?P<host>\S+)\s+: ok=(?P<ok>\d+)\s+changed=(?P<changed>\d+)\s+"

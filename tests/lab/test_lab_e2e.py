@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.lab.conftest import (
+    CACHE,
     ENGINES,
     ROOT,
     engine_key,
@@ -24,8 +23,6 @@ from tests.lab.conftest import (
     smoke_in,
 )
 from vllm_fleet.publish import publish
-
-CACHE = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))
 
 
 def test_first_run_deploys_and_smoke_passes(fresh_lab):

@@ -1,0 +1,65 @@
+"""Filters of the fleet_upgrade role."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+
+def upgrade_min_peers(
+    model: str, engine_hosts: list[str], batch_hosts: list[str], hostvars: Mapping[str, Any]
+) -> int:
+    """Groups serving ``model`` on engine hosts outside this batch: all must keep serving."""
+    batch = set(batch_hosts)
+    return sum(
+        1
+        for host in engine_hosts
+        if host not in batch
+        for group in hostvars[host].get("fleet_engine_groups", [])
+        if group.get("model") == model
+    )
+
+
+def config_groups(files: list[dict[str, Any]]) -> list[str]:
+    """Group names of the settings files a ``find`` of the engines' config dir returned."""
+    names = (PurePosixPath(str(f["path"])) for f in files)
+    return sorted(n.stem for n in names if n.suffix == ".json")
+
+
+def upgrade_records(hosts: list[str], hostvars: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each host's upgrade record, in play order (hosts that got none are left out)."""
+    return [
+        dict(hostvars[h]["fleet_upgrade_record"])
+        for h in hosts
+        if "fleet_upgrade_record" in hostvars[h]
+    ]
+
+
+def failure_text(result: Mapping[str, Any], limit: int = 4000) -> str:
+    """What a failed task said: its msg, or each failed loop item's (a journal, say)."""
+    parts: list[str] = []
+
+    def add(msg: object) -> None:
+        if isinstance(msg, list | tuple):
+            for item in msg:
+                add(item)
+        elif msg:
+            parts.append(str(msg))
+
+    for item in result.get("results") or []:
+        if isinstance(item, Mapping) and item.get("failed"):
+            add(item.get("msg"))
+    if not parts:
+        add(result.get("msg"))
+    return "\n".join(parts)[:limit]
+
+
+class FilterModule:
+    def filters(self) -> dict[str, object]:
+        return {
+            "upgrade_min_peers": upgrade_min_peers,
+            "config_groups": config_groups,
+            "upgrade_records": upgrade_records,
+            "failure_text": failure_text,
+        }

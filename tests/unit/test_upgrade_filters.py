@@ -1,0 +1,60 @@
+"""The fleet_upgrade role's filters (loaded from the role, as Ansible loads them)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_SPEC = importlib.util.spec_from_file_location(
+    "upgrade_filters", ROOT / "roles/fleet_upgrade/filter_plugins/upgrade_filters.py"
+)
+assert _SPEC and _SPEC.loader
+filters = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(filters)
+
+HOSTVARS = {
+    "e1": {"fleet_engine_groups": [{"name": "g0", "model": "m"}, {"name": "g1", "model": "n"}]},
+    "e2": {"fleet_engine_groups": [{"name": "g0", "model": "m"}]},
+    "e3": {"fleet_engine_groups": [{"name": "g0", "model": "m"}, {"name": "g1", "model": "m"}]},
+    "r1": {},
+}
+
+
+def test_min_peers_counts_the_models_groups_outside_the_batch():
+    hosts = ["e1", "e2", "e3"]
+    assert filters.upgrade_min_peers("m", hosts, ["e1"], HOSTVARS) == 3
+    assert filters.upgrade_min_peers("m", hosts, ["e1", "e3"], HOSTVARS) == 1
+    assert filters.upgrade_min_peers("n", hosts, ["e1"], HOSTVARS) == 0
+    assert filters.upgrade_min_peers("m", [*hosts, "r1"], ["e2"], HOSTVARS) == 3
+
+
+def test_config_groups_are_the_settings_files_stems():
+    files = [
+        {"path": "/etc/vllm-fleet/engines/g1.env"},
+        {"path": "/etc/vllm-fleet/engines/g1.json"},
+        {"path": "/etc/vllm-fleet/engines/g0.json"},
+    ]
+    assert filters.config_groups(files) == ["g0", "g1"]
+
+
+def test_failure_text_prefers_the_failed_items_messages_and_flattens_lists():
+    result = {
+        "msg": "One or more items failed",
+        "results": [
+            {"failed": False, "msg": "fine"},
+            {"failed": True, "msg": ["group g0 did not start:", ["line 1", "line 2"]]},
+        ],
+    }
+    assert filters.failure_text(result) == "group g0 did not start:\nline 1\nline 2"
+    assert filters.failure_text({"msg": "plain"}) == "plain"
+    assert filters.failure_text({"msg": "x" * 50}, 10) == "x" * 10
+
+
+def test_records_keep_play_order_and_skip_hosts_without_one():
+    hostvars = {
+        "a": {"fleet_upgrade_record": {"host": "a"}},
+        "b": {},
+        "c": {"fleet_upgrade_record": {"host": "c"}},
+    }
+    assert filters.upgrade_records(["c", "b", "a"], hostvars) == [{"host": "c"}, {"host": "a"}]
