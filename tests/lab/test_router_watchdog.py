@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.lab.client_load import ClientLoad, LoadStats
 from tests.lab.conftest import ROOT, in_host
+from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 
 ROUTER = "http://127.0.0.1:30000"
 ENGINE_URLS = {"engine01": "http://engine01:8100", "engine02": "http://engine02:8100"}

@@ -15,16 +15,14 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.lab.client_load import ClientLoad
 from tests.lab.conftest import (
     CACHE,
     ENGINES,
     ROOT,
+    PlaybookRun,
     engine_settings,
     in_host,
     pinned_revision,
@@ -32,43 +30,19 @@ from tests.lab.conftest import (
     smoke_in,
 )
 from tests.lab.test_router_watchdog import ENGINE_URLS, MODEL, ROUTER, secret, wait_until, workers
-from vllm_fleet.publish import publish
+from vllm_fleet.lab.client_load import ClientLoad, LoadStats
+from vllm_fleet.lab.rotation import RotationSampler
+from vllm_fleet.lab.variants import inventory_variant, publish_revision, remove_revision
 
-UPGRADE_INVENTORY = ROOT / "inventories" / ".upgrade-test"
+VARIANT = "upgrade-test"
 
 
 @pytest.fixture(scope="module")
 def revision_b() -> Iterator[str]:
     """A second valid revision of the lab's model in the mirror (one file differs)."""
-    source = CACHE / "upgrade-test-model"
-    shutil.rmtree(source, ignore_errors=True)
-    shutil.copytree(CACHE / "converted" / "smollm2-135m", source)
-    (source / "NOTICE").write_text("revision B of the rolling-upgrade test\n")
-    mirror_dir = CACHE / "mirror" / "models" / "smollm2-135m"
-    revision = publish("smollm2-135m", source, mirror_dir)
-    shutil.rmtree(source)
+    revision = publish_revision(CACHE, "revision B of the rolling-upgrade test")
     yield revision
-    shutil.rmtree(mirror_dir / revision, ignore_errors=True)
-
-
-def write_inventory(revision: str, max_num_seqs: int, engine01_extra: list[str]) -> Path:
-    """The lab inventory, edited as an operator would (inside inventories/, as the lab's
-    secrets are found relative to it)."""
-    shutil.rmtree(UPGRADE_INVENTORY, ignore_errors=True)
-    shutil.copytree(ROOT / "inventories" / "lab", UPGRADE_INVENTORY)
-    models_file = UPGRADE_INVENTORY / "group_vars/all/models.yml"
-    models = yaml.safe_load(models_file.read_text())
-    models["fleet_models"]["smollm2-135m"]["revision"] = revision
-    models_file.write_text(yaml.safe_dump(models))
-    for host in ENGINES:
-        host_file = UPGRADE_INVENTORY / "host_vars" / f"{host}.yml"
-        settings = yaml.safe_load(host_file.read_text())
-        for group in settings["fleet_engine_groups"]:
-            group["max_num_seqs"] = max_num_seqs
-            if host == "engine01" and engine01_extra:
-                group["extra_args"] = engine01_extra
-        host_file.write_text(yaml.safe_dump(settings))
-    return UPGRADE_INVENTORY
+    remove_revision(CACHE, revision)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +50,7 @@ def upgrade_lab(fresh_lab) -> Iterator[None]:
     assert fresh_lab.returncode == 0, fresh_lab.output[-3000:]
     wait_until(both_serving, 300, "both engines in the router's rotation")
     yield
-    shutil.rmtree(UPGRADE_INVENTORY, ignore_errors=True)
+    shutil.rmtree(ROOT / "inventories" / VARIANT, ignore_errors=True)
 
 
 def both_serving() -> bool:
@@ -94,19 +68,30 @@ def report_of(run_output: str) -> dict[str, object]:
     return json.loads(reports[-1].read_text())
 
 
-def upgrade(*args: str) -> tuple[object, object]:
-    with load() as clients:
+def upgrade(*args: str) -> tuple[PlaybookRun, LoadStats]:
+    urls = list(ENGINE_URLS.values())
+    with (
+        RotationSampler(ROUTER, secret("router_control_key"), urls) as sampler,
+        load() as clients,
+    ):
         run = playbook("playbooks/upgrade.yml", *args)
         wait_until(both_serving, 120, "both engines serving after the upgrade")
-    stats = clients.stats
-    print(f"\n[upgrade {' '.join(args) or 'to the inventory'}] {run.seconds:.0f} s; {stats.line()}")
+    stats, rotation = clients.stats, sampler.rotation
+    out = {u: round(s, 1) for u, s in rotation.unavailable_seconds().items()}
+    print(
+        f"\n[upgrade {' '.join(args) or 'to the inventory'}] {run.seconds:.0f} s; {stats.line()}; "
+        f"engines serving at least {rotation.min_serving()}; out of rotation (s) {out}"
+    )
+    # Never fewer than N-1 of the model's engines serving.
+    assert rotation.min_serving() >= len(urls) - 1
+    assert len(rotation.samples) > 10
     return run, stats
 
 
 def test_settings_and_revision_roll_through_the_fleet_without_a_failed_request(
     upgrade_lab, revision_b
 ):
-    inventory = write_inventory(revision_b, 12, [])
+    inventory = inventory_variant(ROOT, VARIANT, revision_b, 12)
     run, stats = upgrade("-i", str(inventory))
     assert run.returncode == 0, run.output[-6000:]
     assert stats.plain_failed == 0, stats.failures[:5]
@@ -126,7 +111,7 @@ def test_settings_and_revision_roll_through_the_fleet_without_a_failed_request(
 
 
 def test_a_broken_target_rolls_the_canary_back_and_stops(upgrade_lab, revision_b):
-    inventory = write_inventory(revision_b, 12, ["--no-such-flag"])
+    inventory = inventory_variant(ROOT, VARIANT, revision_b, 12, {"engine01": ["--no-such-flag"]})
     run, stats = upgrade("-i", str(inventory))
     assert run.returncode != 0
     assert stats.plain_failed == 0, stats.failures[:5]
