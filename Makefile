@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router bench-upgrade clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -56,9 +56,13 @@ test: lint unit molecule e2e ## everything CI runs
 bench: prepare ## lab bring-up time by phase and the re-run's fraction; then bench-router
 	$(BIN)/python bench/lab_bringup.py
 	$(MAKE) bench-router
+	$(MAKE) bench-upgrade
 
 bench-router: venv ## on the lab: router overhead; prefix-cache hits per policy vs ideal
 	$(BIN)/python bench/router_bench.py
+
+bench-upgrade: venv ## on the lab: a rolling upgrade under load (failed requests, engines serving)
+	$(BIN)/python bench/upgrade_bench.py
 
 clean: lab-down ## remove the lab and the controller venv (caches stay in $(VLLM_FLEET_CACHE))
 	rm -rf $(VENV) .collections
