@@ -58,3 +58,26 @@ def test_records_keep_play_order_and_skip_hosts_without_one():
         "c": {"fleet_upgrade_record": {"host": "c"}},
     }
     assert filters.upgrade_records(["c", "b", "a"], hostvars) == [{"host": "c"}, {"host": "a"}]
+
+
+def test_snapshot_files_keep_owner_group_mode_and_filter_by_group():
+    def slurped(path: str, owner: str, group: str, mode: str) -> dict:
+        return {
+            "item": {"path": path, "pw_name": owner, "gr_name": group, "mode": mode},
+            "content": "Zm9v",
+        }
+
+    results = [
+        slurped("/etc/vllm-fleet/engines/g0.json", "root", "vllm", "0640"),
+        slurped("/etc/vllm-fleet/engines/g0.env", "root", "root", "0600"),
+        slurped("/etc/vllm-fleet/engines/g1.json", "root", "vllm", "0640"),
+        slurped("/etc/systemd/system/vllm-engine@.service", "root", "root", "0644"),
+    ]
+    assert len(filters.snapshot_files(results)) == 4
+    chosen = filters.snapshot_files(results, ["g0"], "/etc/systemd/system/vllm-engine@.service")
+    assert [(f["path"], f["group"], f["mode"]) for f in chosen] == [
+        ("/etc/vllm-fleet/engines/g0.json", "vllm", "0640"),
+        ("/etc/vllm-fleet/engines/g0.env", "root", "0600"),
+        ("/etc/systemd/system/vllm-engine@.service", "root", "0644"),
+    ]
+    assert filters.snapshot_files(results, [], "") == []

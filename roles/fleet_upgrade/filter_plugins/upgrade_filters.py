@@ -55,6 +55,30 @@ def failure_text(result: Mapping[str, Any], limit: int = 4000) -> str:
     return "\n".join(parts)[:limit]
 
 
+def snapshot_files(
+    results: list[Mapping[str, Any]], groups: list[str] | None = None, unit_file: str = ""
+) -> list[dict[str, Any]]:
+    """The slurped settings files (and unit) to write back: path, content (base64) and the
+    owner, group and mode they had. ``groups`` limits it to those groups' files and the unit
+    (``unit_file``); without it, every file."""
+    out = []
+    for result in results:
+        stat = result["item"]
+        path = str(stat["path"])
+        if groups is not None and PurePosixPath(path).stem not in groups and path != unit_file:
+            continue
+        out.append(
+            {
+                "path": path,
+                "content": result["content"],
+                "owner": stat.get("pw_name", "root"),
+                "group": stat.get("gr_name", "root"),
+                "mode": stat.get("mode", "0600"),
+            }
+        )
+    return out
+
+
 class FilterModule:
     def filters(self) -> dict[str, object]:
         return {
@@ -62,4 +86,5 @@ class FilterModule:
             "config_groups": config_groups,
             "upgrade_records": upgrade_records,
             "failure_text": failure_text,
+            "snapshot_files": snapshot_files,
         }
