@@ -25,6 +25,7 @@ SCENARIOS = [
     "router",
     "engine_watchdog",
     "fleet_verify",
+    "fleet_upgrade",
 ]
 
 
