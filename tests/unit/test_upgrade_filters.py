@@ -48,7 +48,11 @@ def test_failure_text_prefers_the_failed_items_messages_and_flattens_lists():
     }
     assert filters.failure_text(result) == "group g0 did not start:\nline 1\nline 2"
     assert filters.failure_text({"msg": "plain"}) == "plain"
-    assert filters.failure_text({"msg": "x" * 50}, 10) == "x" * 10
+    long = {"msg": ["header line", *(f"journal line {i}" for i in range(500)), "the reason"]}
+    text = filters.failure_text(long, 400)
+    assert len(text) <= 400
+    assert text.startswith("header line\n[...]\n")
+    assert text.endswith("journal line 499\nthe reason")
 
 
 def test_records_keep_play_order_and_skip_hosts_without_one():

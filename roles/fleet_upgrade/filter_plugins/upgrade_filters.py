@@ -37,7 +37,8 @@ def upgrade_records(hosts: list[str], hostvars: Mapping[str, Any]) -> list[dict[
 
 
 def failure_text(result: Mapping[str, Any], limit: int = 4000) -> str:
-    """What a failed task said: its msg, or each failed loop item's (a journal, say)."""
+    """What a failed task said: its msg, or each failed loop item's (a journal, say); at
+    most ``limit`` characters, keeping the first line and the end."""
     parts: list[str] = []
 
     def add(msg: object) -> None:
@@ -52,7 +53,12 @@ def failure_text(result: Mapping[str, Any], limit: int = 4000) -> str:
             add(item.get("msg"))
     if not parts:
         add(result.get("msg"))
-    return "\n".join(parts)[:limit]
+    text = "\n".join(parts)
+    if len(text) <= limit:
+        return text
+    # A journal's last lines say why a start failed: keep the first line and the end.
+    head = text.split("\n", 1)[0][: limit // 4]
+    return f"{head}\n[...]\n{text[len(text) - (limit - len(head) - 7) :]}"
 
 
 def snapshot_files(
