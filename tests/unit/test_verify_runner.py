@@ -93,6 +93,8 @@ def test_engine_without_auth_fails_the_auth_items(tmp_path, monkeypatch):
     smoke = next(c for c in report["checks"] if c["name"] == "smoke engine01/g0")
     failed = {i["name"] for i in smoke["details"]["items"] if not i["ok"]}
     assert failed == {"auth: no key", "auth: wrong key"}
+    # The one-line summary (what a play or CI log shows) names the status it got.
+    assert "auth: wrong key (POST /v1/chat/completions: 200" in smoke["summary"]
 
 
 def test_router_with_an_open_model_list_passes_with_a_warning(tmp_path, monkeypatch):

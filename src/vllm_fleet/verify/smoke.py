@@ -69,9 +69,10 @@ async def smoke_router(
 
 
 def _result(name: str, items: list[Item], details: dict[str, Any], start: float) -> CheckResult:
-    failed = [i.name for i in items if not i.ok]
+    failed = [f"{i.name} ({i.detail})" for i in items if not i.ok]
     warned = [i.name for i in items if i.ok and i.warning]
     summary = f"{len(items) - len(failed)}/{len(items)} ok"
+    # The failing item's detail goes into the one line a CI log or a play shows.
     summary += f"; failed: {', '.join(failed)}" if failed else ""
     summary += f"; warnings: {', '.join(warned)}" if warned else ""
     return CheckResult(name, status_of(items), summary, details, time.perf_counter() - start)
@@ -130,11 +131,14 @@ async def _auth(client: httpx.AsyncClient, url: str, served_name: str) -> list[I
     """Without a key and with a wrong one, inference must answer 401.
 
     vLLM also guards GET /v1/models; sglang-router leaves it open (a warning: it shows
-    model names, not answers).
+    model names, not answers). Each probe asks for its own connection: sglang-router
+    drops the connection after a 401 without saying so, and a pooled connection reused
+    after that fails about once in a hundred probes with "Server disconnected".
     """
     body = chat_body(served_name, SMOKE_PROMPT, 1, seed=0)
     items = []
-    for name, headers in (("auth: no key", {}), ("auth: wrong key", _bearer(WRONG_KEY))):
+    for name, key_headers in (("auth: no key", {}), ("auth: wrong key", _bearer(WRONG_KEY))):
+        headers = {**key_headers, "Connection": "close"}
         try:
             listed = await client.get(f"{url}/v1/models", headers=headers)
             posted = await client.post(f"{url}{CHAT}", headers=headers, json=body)
