@@ -40,3 +40,12 @@ def make_model(path: Path, weights: bytes = b"\x01" * 300_000) -> Path:
     (path / "sub").mkdir(exist_ok=True)
     (path / "sub" / "extra.txt").write_text("nested file\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def promtool() -> Path:
+    """Prometheus's promtool, unpacked from Debian's package into the lab cache."""
+    from vllm_fleet.lab import promtool as tools
+    from vllm_fleet.lab.paths import LabPaths
+
+    return tools.promtool(LabPaths.default())

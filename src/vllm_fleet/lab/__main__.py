@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from vllm_fleet.lab import steps
+from vllm_fleet.lab import promtool, steps
 from vllm_fleet.lab.paths import LabPaths
 
 LAB_STACK = "cpu-vllm-0.32.0"
@@ -39,6 +39,7 @@ def prepare(paths: LabPaths, only: list[str]) -> dict[str, float]:
         "agent": lambda: steps.agent(paths),
         "model": lambda: check_pin(paths, steps.model(paths)),
         "secrets": lambda: steps.lab_secrets(paths),
+        "promtool": lambda: promtool.prepare(paths),
     }
     timings = {}
     for name, step in plan.items():
