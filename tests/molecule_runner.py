@@ -26,6 +26,7 @@ SCENARIOS = [
     "engine_watchdog",
     "fleet_verify",
     "fleet_upgrade",
+    "monitoring",
 ]
 
 

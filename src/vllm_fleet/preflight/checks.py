@@ -24,7 +24,16 @@ GROUP_OPTIONAL = (
     "kv_cache_bytes", "dtype", "kv_cache_dtype", "enforce_eager", "enable_prefix_caching",
     "tensor_parallel_size", "block_size", "extra_args", "env",
 )  # fmt: skip
-MODEL_KEYS = ("source", "url", "repo", "revision", "served_name", "config", "weight_bytes")
+MODEL_KEYS = (
+    "source",
+    "url",
+    "repo",
+    "revision",
+    "served_name",
+    "config",
+    "weight_bytes",
+    "ttft_p99_threshold_seconds",
+)
 PINNED = {"mirror": re.compile(r"^[0-9a-f]{64}$"), "hf": re.compile(r"^[0-9a-f]{40}$")}
 PIN_FIX = {
     "mirror": "pin the 64-hex sha256 of the mirror's manifest.json (vllm-fleet weights publish prints it)",

@@ -1,0 +1,137 @@
+"""The monitoring role renders the lab inventory into a configuration Prometheus accepts.
+
+Runs the real role (render mode) with ansible-playbook on the controller against the lab
+inventory, then checks what it wrote with Prometheus's own promtool; and runs its
+validation with bad settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_role(
+    tmp_path: Path, fleet_monitoring: dict[str, object]
+) -> subprocess.CompletedProcess[str]:
+    play = [
+        {
+            "name": "Monitoring (render mode)",
+            "hosts": "monitoring",
+            "gather_facts": False,
+            "roles": [{"role": "monitoring"}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
+    extra = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "fleet_monitoring": fleet_monitoring,
+    }
+    return subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i", str(ROOT / "inventories/lab"),
+            "-e", json.dumps(extra),
+            str(tmp_path / "play.yml"),
+        ],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("monitoring")
+    out = tmp / "prometheus"
+    run = run_role(tmp, {"mode": "render", "render_dir": str(out)})
+    assert run.returncode == 0, run.stdout[-4000:]
+    return out
+
+
+def test_prometheus_accepts_the_rendered_configuration_and_rules(rendered, promtool):
+    check = subprocess.run(
+        [str(promtool), "check", "config", str(rendered / "prometheus.yml")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    # check config also parsed both rule files through rule_files.
+    assert "2 rule files found" in check.stdout
+    assert "SUCCESS: 1 rules found" not in check.stdout
+
+
+def test_every_engine_group_router_and_watchdog_is_a_target(rendered):
+    jobs = {j["job_name"]: j for j in yaml.safe_load((rendered / "scrape-configs.yml").read_text())}
+    engines = jobs["vllm-engine"]
+    assert engines["honor_labels"] is True
+    targets = {c["targets"][0]: c["labels"] for c in engines["static_configs"]}
+    assert targets == {
+        "engine01:8100": {"fleet_host": "engine01", "fleet_group": "g0", "model_name": "smollm2"},
+        "engine02:8100": {"fleet_host": "engine02", "fleet_group": "g0", "model_name": "smollm2"},
+    }
+    assert [c["targets"] for c in jobs["vllm-fleet-router"]["static_configs"]] == [
+        ["router01:29000"]
+    ]
+    assert [c["targets"] for c in jobs["vllm-fleet-watchdog"]["static_configs"]] == [
+        ["engine01:9410"],
+        ["engine02:9410"],
+    ]
+
+
+def test_inventory_rules_map_router_workers_to_models(rendered):
+    groups = yaml.safe_load((rendered / "rules/vllm-fleet-inventory.rules.yml").read_text())
+    rules = groups["groups"][0]["rules"]
+    workers = {r["labels"]["worker"]: r["labels"] for r in rules if r["record"].endswith("info")}
+    assert workers["http://engine01:8100"] == {
+        "worker": "http://engine01:8100",
+        "model_name": "smollm2",
+        "fleet_host": "engine01",
+        "fleet_group": "g0",
+    }
+    (threshold,) = [r for r in rules if r["record"] == "vllm_fleet:ttft_p99_threshold_seconds"]
+    # The lab inventory sets 5 s (fleet_monitoring is replaced here, so the default 2 s).
+    assert threshold == {
+        "record": "vllm_fleet:ttft_p99_threshold_seconds",
+        "expr": "vector(2.0)",
+        "labels": {"model_name": "smollm2"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (
+            {"mode": "sidecar"},
+            "host router01: fleet_monitoring.mode=sidecar is not a mode",
+        ),
+        (
+            {"listen_address": "0.0.0.0"},
+            "host router01: fleet_monitoring.listen_address=0.0.0.0 must be one IP address",
+        ),
+        (
+            {"listen_address": "router01"},
+            "host router01: fleet_monitoring.listen_address=router01 must be one IP address",
+        ),
+        (
+            {"exporters": [{"job": "node", "hosts": "all"}]},
+            "host router01: fleet_monitoring.exporters[0]=",
+        ),
+        (
+            {"exporters": [{"job": "node", "port": 9100, "hosts": "gpu-nodes"}]},
+            "an inventory group or a list of hosts",
+        ),
+    ],
+)
+def test_bad_settings_are_refused_by_name(tmp_path, settings, message):
+    run = run_role(tmp_path, {"render_dir": str(tmp_path / "out"), **settings})
+    assert run.returncode != 0
+    assert message in " ".join(run.stdout.split())
+    assert not (tmp_path / "out").exists()
