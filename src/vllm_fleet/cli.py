@@ -101,7 +101,8 @@ def _cmd_fleet_verify(args: argparse.Namespace) -> int:
     if args.env_file:
         # Keys travel in a 0600 file, never on the command line.
         os.environ.update(read_env_file(Path(args.env_file)))
-    return verify_main(["--config", args.config, "--out", args.out])
+    metrics = ["--metrics-file", args.metrics_file] if args.metrics_file else []
+    return verify_main(["--config", args.config, "--out", args.out, *metrics])
 
 
 def _cmd_watchdog(args: argparse.Namespace) -> int:
@@ -154,6 +155,27 @@ def _cmd_traffic_release(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from vllm_fleet.plan import FAILED, default_out_dir, plan
+
+    root = Path(args.root).resolve()
+    out_dir = Path(args.out) if args.out else default_out_dir(root)
+    result = plan(args.playbook, out_dir, args.ansible_args, root)
+    print("\n" + result.markdown.split("\n## ")[0].rstrip())
+    print(f"plan: {out_dir / 'plan.md'}, {out_dir / 'plan.json'}")
+    if result.status == FAILED and not result.hosts:
+        _stderr(
+            f"plan: ansible-playbook exited {result.playbook_rc}; see {out_dir / 'ansible.log'}"
+        )
+    return result.status
+
+
+def _cmd_apply(args: argparse.Namespace) -> int:
+    from vllm_fleet.gitops import apply
+
+    return apply(Path(args.root).resolve(), args.since, args.inventory, args.dry_run)
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -179,6 +201,41 @@ def _add_traffic(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p.add_argument("--env-file", required=True, help="the group's root-only env file (keys)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for listing")
     p.set_defaults(func=_cmd_traffic_release)
+
+
+def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "verify", help="verify the fleet: smoke, cross-talk under load, prefix cache; report"
+    )
+    p.add_argument("--config", required=True, help="verify.json (rendered by fleet_verify)")
+    p.add_argument("--out", required=True, help="directory for report.json and report.md")
+    p.add_argument("--env-file", help="file with VLLM_FLEET_ENGINE_API_KEY / _CLIENT_API_KEY")
+    p.add_argument("--metrics-file", help="also write Prometheus metrics (node exporter textfile)")
+    p.set_defaults(func=_cmd_fleet_verify)
+
+
+def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="site.yml --check --diff: what would change per host; exit 0 none, 2 drift, 1 failed",
+    )
+    p.add_argument("--playbook", default="site.yml")
+    p.add_argument("--root", default=".", help="the bundle's directory (ansible.cfg)")
+    p.add_argument("--out", help="report directory (default reports/plan-<time>/)")
+    p.add_argument(
+        "ansible_args", nargs="*", help="passed to ansible-playbook (after --), e.g. --limit"
+    )
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser(
+        "apply",
+        help="apply a fleet repo change: rolling upgrade where engines changed, then site.yml",
+    )
+    p.add_argument("--since", required=True, help="the commit the fleet ran before (e.g. HEAD~1)")
+    p.add_argument("--inventory", default="inventories/lab")
+    p.add_argument("--root", default=".", help="the fleet repository (a git checkout)")
+    p.add_argument("--dry-run", action="store_true", help="print the decision only")
+    p.set_defaults(func=_cmd_apply)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -227,13 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="an installed model revision directory")
     p.set_defaults(func=_cmd_model_info)
 
-    p = sub.add_parser(
-        "verify", help="verify the fleet: smoke, cross-talk under load, prefix cache; report"
-    )
-    p.add_argument("--config", required=True, help="verify.json (rendered by fleet_verify)")
-    p.add_argument("--out", required=True, help="directory for report.json and report.md")
-    p.add_argument("--env-file", help="file with VLLM_FLEET_ENGINE_API_KEY / _CLIENT_API_KEY")
-    p.set_defaults(func=_cmd_fleet_verify)
+    _add_verify(sub)
 
     p = sub.add_parser("watchdog", help="probe this host's engine groups; restart hung ones")
     p.add_argument("--config", required=True, help="/etc/vllm-fleet/watchdog.json")
@@ -243,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_watchdog)
 
     _add_traffic(sub)
+    _add_plan(sub)
 
     p = sub.add_parser("lock", help="print a hash lock for a wheelhouse")
     p.add_argument("wheelhouse")

@@ -72,6 +72,7 @@ def sample_report():
                     "group": "g0",
                     "url": "http://engine01:8100",
                     "stack": "cpu-vllm-0.32.0",
+                    "commit": "0123456789ab+dirty",
                     "model": "smollm2-135m",
                     "revision": "bffa" * 16,
                     "devices": [0, 1],
@@ -149,11 +150,11 @@ def test_markdown_has_fleet_table_checks_and_per_prompt_counts():
 
     assert lines[0] == "# vllm-fleet verify: FAIL"
     assert (
-        "| engine01 | g0 | cpu-vllm-0.32.0 | smollm2-135m | bffabffabffa | 0,1 | 16 | float32 | "
+        "| engine01 | g0 | cpu-vllm-0.32.0 | 0123456789ab+dirty | smollm2-135m | bffabffabffa | 0,1 | 16 | float32 | "
         "34944 tokens (273 blocks x 128), max concurrency 17.0625 | ok |"
     ) in lines
     assert (
-        "| engine02 | g0 | cpu-vllm-0.32.0 | smollm2-135m | bffabffabffa | 0 | 16 | float32 | "
+        "| engine02 | g0 | cpu-vllm-0.32.0 | not recorded | smollm2-135m | bffabffabffa | 0 | 16 | float32 | "
         "not reported | unknown |"
     ) in lines
     assert "| crosstalk | FAIL | 12.5 s | C=64: 3 contaminated |" in lines

@@ -1,6 +1,7 @@
 """`vllm-fleet verify` end to end against fixture fleets (real HTTP on loopback)."""
 
 import json
+import subprocess
 
 import pytest
 
@@ -159,3 +160,34 @@ def test_unreachable_engines_fail_every_check_without_crashing(tmp_path, monkeyp
     crosstalk = next(c for c in report["checks"] if c["name"] == "crosstalk")
     assert crosstalk["details"]["totals"]["status_codes"] == {"0": 16}
     assert (out / "report.md").exists()
+
+
+def test_metrics_file_reports_contamination_in_prometheus_text_format(
+    tmp_path, monkeypatch, promtool
+):
+    """What node exporter's textfile collector will expose for the cross-talk alert."""
+    config_path = tmp_path / "verify.json"
+    metrics = tmp_path / "textfile/vllm_fleet_verify.prom"
+    monkeypatch.setenv("VLLM_FLEET_ENGINE_API_KEY", ENGINE_KEY)
+    monkeypatch.setenv("VLLM_FLEET_CLIENT_API_KEY", CLIENT_KEY)
+    with fixture_fleet(mode="swap") as (engines, router):
+        config_path.write_text(json.dumps(verify_config(engines, router)))
+        code = main(
+            ["--config", str(config_path), "--out", str(tmp_path / "out"),
+             "--metrics-file", str(metrics)]
+        )  # fmt: skip
+
+    assert code == 1
+    text = metrics.read_text()
+    assert 'vllm_fleet_verify_check_ok{check="crosstalk"} 0.0' in text
+    assert 'vllm_fleet_verify_check_ok{check="smoke router"} 1.0' in text
+    assert "vllm_fleet_verify_passed 0.0" in text
+    contaminated = next(
+        line for line in text.splitlines() if line.startswith("vllm_fleet_verify_crosstalk_")
+    )
+    assert float(contaminated.split()[1]) > 0
+    assert oct(metrics.stat().st_mode & 0o777) == "0o644"
+    lint = subprocess.run(
+        [str(promtool), "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr

@@ -46,6 +46,9 @@ class EngineSpec(_Strict):
     max_num_seqs: int = Field(gt=0)
     dtype: str = "auto"
     enable_prefix_caching: bool = True
+    # The bundle commit the host's /etc/vllm-fleet/deployed.json names ("+dirty": the
+    # checkout had uncommitted changes when it was applied).
+    commit: str = "not recorded"
 
     @property
     def label(self) -> str:

@@ -28,6 +28,7 @@ from vllm_fleet.verify.config import (
     load_config,
 )
 from vllm_fleet.verify.crosstalk import run_crosstalk
+from vllm_fleet.verify.metrics_file import write_metrics
 from vllm_fleet.verify.prefix_probe import probe_engine, probe_router
 from vllm_fleet.verify.report import build_report, fleet_rows, summary_lines, write_report
 from vllm_fleet.verify.results import CheckResult
@@ -42,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", required=True, help="verify.json rendered by Ansible")
     parser.add_argument("--out", required=True, help="directory for report.json and report.md")
+    parser.add_argument(
+        "--metrics-file",
+        help="also write the result as Prometheus metrics here (node exporter textfile, *.prom)",
+    )
     return parser
 
 
@@ -101,6 +106,8 @@ def main(argv: list[str]) -> int:
         cfg, fleet_rows(cfg, facts), checks, started_at, time.perf_counter() - start
     )
     json_path, md_path = write_report(report, Path(args.out))
+    if args.metrics_file:
+        write_metrics(report, Path(args.metrics_file))
     print("\n".join(summary_lines(report)))
     print(f"report: {json_path}, {md_path}")
     return 0 if report["verdict"] == "pass" else 1

@@ -1,0 +1,53 @@
+"""The last verification as Prometheus metrics, in node exporter's textfile format.
+
+A verification is a batch job: node exporter's textfile collector (Debian's package reads
+/var/lib/prometheus/node-exporter/*.prom) exposes the file, and the fleet's alert rules
+page on cross-talk and on a verification that stopped running.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+
+
+def contaminated_answers(report: dict[str, Any]) -> int:
+    for check in report.get("checks", []):
+        if check.get("name") == "crosstalk":
+            return int(check.get("details", {}).get("totals", {}).get("contaminated", 0))
+    return 0
+
+
+def write_metrics(report: dict[str, Any], path: Path) -> None:
+    registry = CollectorRegistry()
+    ok = Gauge(
+        "vllm_fleet_verify_check_ok",
+        "1 when the check passed (warnings included) in the last verification, else 0",
+        ["check"],
+        registry=registry,
+    )
+    for check in report.get("checks", []):
+        ok.labels(check=check["name"]).set(int(check["status"] != "fail"))
+    Gauge(
+        "vllm_fleet_verify_passed",
+        "1 when the last verification's verdict was pass",
+        registry=registry,
+    ).set(int(report.get("verdict") == "pass"))
+    Gauge(
+        "vllm_fleet_verify_crosstalk_contaminated_answers",
+        "Answers of the last verification that carried another prompt's marker",
+        registry=registry,
+    ).set(contaminated_answers(report))
+    started = datetime.fromisoformat(str(report["started_at"]))
+    Gauge(
+        "vllm_fleet_verify_last_run_timestamp_seconds",
+        "When the last verification started (Unix time)",
+        registry=registry,
+    ).set(started.timestamp())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written to a temporary file and renamed: the collector never reads half a file.
+    write_to_textfile(str(path), registry)
+    path.chmod(0o644)
