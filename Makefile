@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router bench-upgrade clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router bench-upgrade plan clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ prepare: venv ## build what the lab needs: podman, image, wheelhouses, model mir
 lab: prepare ## bring up the lab fleet and run site.yml against it
 	$(BIN)/ansible-playbook lab/lab.yml
 	$(BIN)/ansible-playbook site.yml
+
+plan: venv ## site.yml --check --diff against the inventory: per-host changes; exit 2 on drift
+	$(BIN)/vllm-fleet plan
 
 lab-down: venv ## remove the lab's containers and network (nothing else)
 	$(BIN)/ansible-playbook lab/lab.yml -e lab_state=absent

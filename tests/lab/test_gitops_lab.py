@@ -1,0 +1,82 @@
+"""Git as the source of truth, on the lab: the example pipelines' drift job finds no drift
+on a converged lab, finds a hand-edited unit file (host and file named), and the apply job
+puts it back; every host records the commit it runs, and the verify report shows it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import yaml
+
+from tests.lab.conftest import ROOT, in_host
+
+PIPELINE = ROOT / "examples/pipelines/gitlab-ci.yml"
+PLAN_MD = ROOT / "reports/plan/plan.md"
+TIMER = "/etc/systemd/system/vllm-fleet-verify.timer"
+
+
+def run_job(name: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The job's script lines, as the runner would run them, against the lab inventory."""
+    lines = yaml.safe_load(PIPELINE.read_text())[name]["script"]
+    variables = {"FLEET_INVENTORY": "inventories/lab", **env}
+    exports = [f"export {k}={v}" for k, v in variables.items()]
+    return subprocess.run(
+        ["bash", "-ec", "\n".join([*exports, *lines])],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def plan_rows(plan: str) -> dict[str, tuple[int, int]]:
+    """host -> (would change, failed) from the plan's table."""
+    rows = {}
+    for line in plan.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 3 and cells[1].isdigit():
+            rows[cells[0]] = (int(cells[1]), int(cells[2]))
+    return rows
+
+
+def head() -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def test_every_host_records_the_commit_it_runs(fresh_lab):
+    for host in ("router01", "engine01", "engine02"):
+        record = json.loads(in_host(host, "cat", "/etc/vllm-fleet/deployed.json").stdout)
+        assert record["commit"] == head(), host
+        assert record["settings_sha256"]
+    engine = json.loads(in_host("engine01", "cat", "/etc/vllm-fleet/deployed.json").stdout)
+    assert engine["stack"] == "cpu-vllm-0.32.0"
+    assert set(engine["models"]) == {"smollm2-135m"}
+    reports = sorted((ROOT / "reports").glob("2*T*Z/report.md"))
+    assert f"| engine01 | g0 | cpu-vllm-0.32.0 | {head()[:12]}" in reports[-1].read_text()
+
+
+def test_drift_job_finds_nothing_on_a_converged_lab(fresh_lab):
+    job = run_job("drift")
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
+    assert PLAN_MD.read_text().startswith("# Plan: no drift")
+
+
+def test_a_hand_edited_unit_is_drift_and_apply_puts_it_back(fresh_lab):
+    original = in_host("router01", "cat", TIMER).stdout
+    in_host("router01", "sed", "-i", "s/^OnCalendar=.*/OnCalendar=hourly/", TIMER)
+
+    job = run_job("drift")
+    assert job.returncode == 2, job.stdout[-3000:]
+    plan = PLAN_MD.read_text()
+    assert plan.startswith("# Plan: drift")
+    rows = plan_rows(plan)
+    assert rows["router01"][0] >= 1
+    assert rows["engine01"] == rows["engine02"] == (0, 0)
+    assert f"Install the scheduled verification [vllm-fleet-verify.timer]: {TIMER}" in plan
+    assert "-OnCalendar=hourly" in plan and "+OnCalendar=daily" in plan
+
+    applied = run_job("apply", CI_COMMIT_BEFORE_SHA=head())
+    assert applied.returncode == 0, applied.stdout[-3000:]
+    assert "no upgrade" in applied.stdout
+    assert in_host("router01", "cat", TIMER).stdout == original
+    assert run_job("drift").returncode == 0

@@ -1,0 +1,83 @@
+"""`vllm-fleet apply --since REF` on a real fleet repository (a temporary git repo holding
+the lab inventory), read with the real ansible-inventory at both commits."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_fleet.gitops import SITE, UPGRADE, apply
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = "inventories/lab"
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "fleet"
+    shutil.copytree(ROOT / INVENTORY, repo / INVENTORY)
+    shutil.copy(ROOT / "ansible.cfg", repo / "ansible.cfg")
+    git(repo, "init", "-q")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "base")
+    return repo
+
+
+def edit(repo: Path, relative: str, change) -> str:
+    path = repo / INVENTORY / relative
+    data = yaml.safe_load(path.read_text())
+    change(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qam", "x")
+    return git(repo, "rev-parse", "HEAD~1")
+
+
+def run_apply(repo: Path, since: str, capsys) -> str:
+    assert apply(repo, since, INVENTORY, dry_run=True) == 0
+    return capsys.readouterr().out
+
+
+def test_a_model_revision_change_is_a_rolling_upgrade_of_its_engines(repo, capsys):
+    def new_revision(data):
+        data["fleet_models"]["smollm2-135m"]["revision"] = "c" * 64
+
+    since = edit(repo, "group_vars/all/models.yml", new_revision)
+    out = run_apply(repo, since, capsys)
+    assert "engine01: rolling upgrade (model smollm2-135m: revision)" in out
+    assert "engine02: rolling upgrade (model smollm2-135m: revision)" in out
+    assert f"run: ansible-playbook -i {INVENTORY} {UPGRADE} --limit engine01,engine02" in out
+    assert out.rstrip().endswith(f"run: ansible-playbook -i {INVENTORY} {SITE}")
+
+
+def test_one_hosts_engine_settings_upgrade_only_that_host(repo, capsys):
+    def fewer_seqs(data):
+        data["fleet_engine_groups"][0]["max_num_seqs"] = 12
+
+    since = edit(repo, "host_vars/engine02.yml", fewer_seqs)
+    out = run_apply(repo, since, capsys)
+    assert "engine02: rolling upgrade (engine group settings)" in out
+    assert "engine01" not in out
+    assert f"{UPGRADE} --limit engine02" in out
+
+
+def test_a_router_setting_change_is_site_yml_only(repo, capsys):
+    def router_timeout(data):
+        data["fleet_router"]["request_timeout_seconds"] = 30
+
+    since = edit(repo, "group_vars/all/fleet.yml", router_timeout)
+    out = run_apply(repo, since, capsys)
+    assert "no upgrade" in out
+    assert UPGRADE not in out
+    assert f"run: ansible-playbook -i {INVENTORY} {SITE}" in out
+    # The base commit's worktree is gone again.
+    assert git(repo, "worktree", "list").count("\n") == 0

@@ -1,0 +1,91 @@
+"""`vllm-fleet plan`: a real ansible-playbook --check --diff run on the controller, with the
+bundle's callback, tells drift (exit 2) from none (0) and from failure (1), and names the
+file and the change; a no_log task's content never reaches the plan."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_fleet.plan import DRIFT, FAILED, NO_DRIFT, plan
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCAL = ["-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
+
+
+@pytest.fixture(autouse=True)
+def bundle_config(monkeypatch):
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(ROOT / "ansible.cfg"))
+    monkeypatch.setenv("ANSIBLE_NOCOLOR", "1")
+
+
+def write_play(tmp_path: Path, tasks: list[dict[str, object]]) -> str:
+    play = [{"name": "Plan test", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
+    path = tmp_path / "play.yml"
+    path.write_text(yaml.safe_dump(play, sort_keys=False))
+    return str(path)
+
+
+def unit_task(dest: Path, content: str, **extra: object) -> dict[str, object]:
+    return {
+        "name": "Install the unit",
+        "ansible.builtin.copy": {"dest": str(dest), "content": content, "mode": "0644"},
+        **extra,
+    }
+
+
+def test_an_edited_file_is_drift_with_its_name_and_diff(tmp_path):
+    unit = tmp_path / "vllm-engine@.service"
+    unit.write_text("[Service]\nExecStart=/bin/edited-by-hand\n")
+    play = write_play(tmp_path, [unit_task(unit, "[Service]\nExecStart=/bin/declared\n")])
+
+    result = plan(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
+
+    assert result.status == DRIFT
+    (change,) = result.hosts["localhost"]["changed"]
+    assert change["task"] == "Install the unit"
+    assert change["diffs"][0]["after_header"] == str(unit)
+    markdown = (tmp_path / "out/plan.md").read_text()
+    assert markdown.startswith("# Plan: drift")
+    assert f"- would change: - / Install the unit: {unit}" in markdown
+    assert "-ExecStart=/bin/edited-by-hand" in markdown
+    assert "+ExecStart=/bin/declared" in markdown
+    # --check: the host is untouched.
+    assert unit.read_text() == "[Service]\nExecStart=/bin/edited-by-hand\n"
+
+
+def test_a_converged_host_is_no_drift(tmp_path):
+    unit = tmp_path / "unit.service"
+    unit.write_text("[Service]\n")
+    unit.chmod(0o644)
+    play = write_play(tmp_path, [unit_task(unit, "[Service]\n")])
+
+    result = plan(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
+
+    assert result.status == NO_DRIFT
+    assert result.hosts == {"localhost": {"changed": [], "failed": []}}
+    assert "| localhost | 0 | 0 |" in result.markdown
+
+
+def test_a_failed_task_fails_the_plan(tmp_path):
+    task = {"name": "Refuse", "ansible.builtin.fail": {"msg": "fleet_router.port=0 is not a port"}}
+    result = plan(write_play(tmp_path, [task]), tmp_path / "out", LOCAL, tmp_path, stream=False)
+
+    assert result.status == FAILED
+    assert "- FAILED: - / Refuse: fleet_router.port=0 is not a port" in result.markdown
+
+
+def test_a_no_log_change_keeps_its_content_out_of_the_plan(tmp_path):
+    secret = "sk-plan-test-0123456789abcdef"
+    env_file = tmp_path / "g0.env"
+    env_file.write_text("VLLM_API_KEY=old\n")
+    play = write_play(tmp_path, [unit_task(env_file, f"VLLM_API_KEY={secret}\n", no_log=True)])
+
+    result = plan(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
+
+    assert result.status == DRIFT
+    for written in (tmp_path / "out").iterdir():
+        assert secret not in written.read_text(), written.name
