@@ -226,7 +226,9 @@ def bare_host(tmp_path):
         yaml.safe_dump(
             {"all": {"vars": {"ansible_connection": "containers.podman.podman",
                               "ansible_python_interpreter": "/usr/bin/python3"},
-                     "children": {"engines": {"hosts": {name: None}}}}}
+                     "children": {"engines": {"hosts": {name: None}},
+                                  "monitoring": {"hosts": {name: None}},
+                                  "node_exporter": {"hosts": {name: None}}}}}
         )
     )  # fmt: skip
     in_host(name, "systemctl", "is-system-running", "--wait", check=False)
@@ -249,7 +251,10 @@ def test_check_mode_on_a_bare_host_reports_changes_and_makes_none(fresh_lab, bar
     run = playbook("-i", str(inventory), "site.yml", "--check", "--diff", "-e", f"@{key_file}")
     assert run.returncode == 0, run.output[-5000:]
     assert run.recap()[name]["changed"] > 0
-    state = in_host(name, "sh", "-c", "ls -A /opt /srv; ls /etc/vllm-fleet; id vllm", check=False)
+    state = in_host(
+        name, "sh", "-c", "ls -A /opt /srv; ls /etc/vllm-fleet /etc/prometheus; id vllm",
+        check=False,
+    )  # fmt: skip
     assert state.stdout.split() == ["/opt:", "/srv:"]
-    assert "No such file or directory" in state.stderr
+    assert state.stderr.count("No such file or directory") == 2
     assert "no such user" in state.stderr
