@@ -160,6 +160,8 @@ def test_a_healthy_group_is_joined_and_metrics_are_served(
     router = sglang_router.url
     assert f'vllm_fleet_watchdog_registered{{group="g0",router="{router}"}} 1.0' in lines
     assert 'vllm_fleet_watchdog_consecutive_failures{group="g0"} 0.0' in lines
+    # Present before the first restart, so a window's increase() counts that restart.
+    assert 'vllm_fleet_watchdog_restarts_total{group="g0"} 0.0' in lines
     assert engine.completions == [f"Bearer {ENGINE_KEY}"]
     events = events_of(capsys.readouterr().out)
     assert [e["event"] for _, e in events] == ["healthy", "joined"]

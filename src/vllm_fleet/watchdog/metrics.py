@@ -54,6 +54,9 @@ class WatchdogMetrics:
         )
 
     def set_state(self, group: str, current: State, failures: int) -> None:
+        # A labelled counter exists only once touched: create it at 0, so increase() over a
+        # window counts a group's first restarts too (the restart alerts rely on it).
+        self.restarts.labels(group=group)
         for state in State:
             self.state.labels(group=group, state=state.value).set(int(state == current))
         self.consecutive_failures.labels(group=group).set(failures)
