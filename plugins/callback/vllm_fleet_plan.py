@@ -40,8 +40,12 @@ def _diffs(result: dict[str, Any]) -> list[dict[str, str]]:
         if not isinstance(entry, dict):
             continue
         before, after = entry.get("before", ""), entry.get("after", "")
+        # template's after_header is its rendered temporary file on the controller: the file
+        # that changes is the destination (before_header, or the result's dest/path).
+        path = entry.get("before_header") or result.get("dest") or result.get("path") or ""
         diffs.append(
             {
+                "path": str(path),
                 "before_header": str(entry.get("before_header", "")),
                 "after_header": str(entry.get("after_header", "")),
                 "before": before if isinstance(before, str) else json.dumps(before, indent=1),

@@ -231,7 +231,11 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "apply",
         help="apply a fleet repo change: rolling upgrade where engines changed, then site.yml",
     )
-    p.add_argument("--since", required=True, help="the commit the fleet ran before (e.g. HEAD~1)")
+    p.add_argument(
+        "--since",
+        default="deployed",
+        help="what engine hosts run now: 'deployed' (each host's deployed.json) or a commit",
+    )
     p.add_argument("--inventory", default="inventories/lab")
     p.add_argument("--root", default=".", help="the fleet repository (a git checkout)")
     p.add_argument("--dry-run", action="store_true", help="print the decision only")

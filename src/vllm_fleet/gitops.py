@@ -1,17 +1,24 @@
-"""`vllm-fleet apply --since REF`: apply a fleet repository's change with the right playbook.
+"""`vllm-fleet apply`: apply a fleet repository's change with the right playbook.
 
-Engine hosts whose stack, engine groups or served models' pins changed between REF and the
-checkout go through the rolling upgrade (playbooks/upgrade.yml, limited to them: drain,
-switch, verify, roll back on failure); site.yml then converges everything else (routers,
-monitoring, new hosts) and is a no-op on the engines just upgraded. Inventories are read
-with ansible-inventory at both commits (a detached worktree for REF); Jinja and vaulted
-values are compared as written, never resolved.
+What each engine host runs is what its /etc/vllm-fleet/deployed.json records (the commit of
+its last successful deploy), not what the previous push was: a skipped or failed apply is
+caught up with on the next one. Engine hosts whose stack, engine groups, engine-related
+variables or served models' pins differ between their recorded commit and the checkout, or
+whose engine code (roles, catalog, agent) changed since, go through the rolling upgrade
+(playbooks/upgrade.yml, limited to them: drain, switch, verify, roll back on failure);
+site.yml then converges everything else (routers, monitoring, new hosts) and is a no-op on
+the engines just upgraded. A host whose recorded commit is not in the repository is
+upgraded (rolling is always safe, only slower). `--since REF` compares every host against
+REF instead. Inventories are read with ansible-inventory at each commit (a detached
+worktree); Jinja and vaulted values are compared as written, never resolved.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -21,26 +28,46 @@ from typing import Any
 
 UPGRADE = "playbooks/upgrade.yml"
 SITE = "site.yml"
+DEPLOYED = "/etc/vllm-fleet/deployed.json"
 MODEL_PIN_KEYS = ("source", "url", "repo", "revision", "served_name")
+ENGINE_VARIABLES = ("fleet_accelerator", "fleet_memory_utilization", "fleet_memory_reserve_bytes")
+ENGINE_PREFIXES = ("vllm_engine_", "engine_runtime_", "model_weights_")
+# What engine hosts run besides their variables: a change here restarts engines.
+ENGINE_CODE = ("roles/engine_runtime", "roles/model_weights", "roles/vllm_engine", "catalog",
+               "src/vllm_fleet")  # fmt: skip
+ONE_LINE = re.compile(r"^(?P<host>\S+) \| (?P<state>[A-Z!]+) => (?P<json>\{.*\})$")
+
+
+class ApplyError(RuntimeError):
+    pass
 
 
 @dataclass
 class Decision:
     upgrade_hosts: dict[str, list[str]] = field(default_factory=dict)  # host -> reasons
+    notes: list[str] = field(default_factory=list)
     playbooks: list[list[str]] = field(default_factory=list)  # argv tails for ansible-playbook
 
     def describe(self) -> str:
-        lines = []
-        for host, reasons in sorted(self.upgrade_hosts.items()):
-            lines.append(f"{host}: rolling upgrade ({'; '.join(reasons)})")
+        lines = [f"{host}: rolling upgrade ({'; '.join(reasons)})"
+                 for host, reasons in sorted(self.upgrade_hosts.items())]  # fmt: skip
         if not self.upgrade_hosts:
-            lines.append("no engine host's stack, groups or model pins changed: no upgrade")
+            lines.append(
+                "no engine host's stack, settings, model pins or engine code changed: no upgrade"
+            )
+        lines += self.notes
         lines += [f"run: ansible-playbook {' '.join(p)}" for p in self.playbooks]
         return "\n".join(lines)
 
 
 def ansible_bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
+
+
+def git(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=check
+    )
 
 
 def inventory_hostvars(checkout: Path, inventory: str) -> dict[str, dict[str, Any]]:
@@ -58,9 +85,13 @@ def engine_state(hostvars: dict[str, Any]) -> dict[str, Any] | None:
         return None
     models = hostvars.get("fleet_models") or {}
     used = sorted({str(g.get("model")) for g in groups})
+    settings = {
+        k: v for k, v in hostvars.items() if k in ENGINE_VARIABLES or k.startswith(ENGINE_PREFIXES)
+    }
     return {
         "stack": hostvars.get("fleet_engine_stack"),
         "groups": groups,
+        "settings": settings,
         "models": {m: {k: (models.get(m) or {}).get(k) for k in MODEL_PIN_KEYS} for m in used},
     }
 
@@ -71,6 +102,9 @@ def reasons(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
         found.append(f"stack {before['stack']} -> {after['stack']}")
     if before["groups"] != after["groups"]:
         found.append("engine group settings")
+    keys = sorted(set(before["settings"]) | set(after["settings"]))
+    if changed := [k for k in keys if before["settings"].get(k) != after["settings"].get(k)]:
+        found.append(f"variables {', '.join(changed)}")
     for model, pins in after["models"].items():
         old = before["models"].get(model)
         if old is not None and old != pins:
@@ -79,16 +113,88 @@ def reasons(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
     return found
 
 
-def decide(
-    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], inventory: str
-) -> Decision:
-    decision = Decision()
-    for host, hostvars in after.items():
-        new, old = engine_state(hostvars), engine_state(before.get(host, {}))
-        # A host that gains its first engines has nothing to drain: site.yml brings it up.
-        if new is None or old is None:
+def code_changes(repo: Path, ref: str) -> list[str]:
+    """Engine code files that differ between ref and the checkout."""
+    diff = git(repo, "diff", "--name-only", ref, "--", *ENGINE_CODE)
+    return [line for line in diff.stdout.splitlines() if line]
+
+
+def resolves(repo: Path, ref: str) -> bool:
+    return (
+        git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False).returncode
+        == 0
+    )
+
+
+def hostvars_at(repo: Path, ref: str, inventory: str) -> dict[str, dict[str, Any]]:
+    with tempfile.TemporaryDirectory(prefix="vllm-fleet-apply-") as tmp:
+        tree = Path(tmp) / "tree"
+        git(repo, "worktree", "add", "--detach", "--quiet", str(tree), ref)
+        try:
+            return inventory_hostvars(tree, inventory)
+        finally:
+            git(repo, "worktree", "remove", "--force", str(tree), check=False)
+
+
+def recorded_commits(repo: Path, inventory: str, hosts: list[str]) -> dict[str, str | None]:
+    """host -> the commit its deployed.json records (None: no record on the host)."""
+    if not hosts:
+        return {}
+    proc = subprocess.run(
+        [ansible_bin("ansible"), "-i", inventory, ",".join(hosts), "--become", "-o",
+         "-m", "ansible.builtin.slurp", "-a", f"src={DEPLOYED}"],
+        cwd=repo, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    commits: dict[str, str | None] = {}
+    for line in proc.stdout.splitlines():
+        match = ONE_LINE.match(line.strip())
+        if not match:
             continue
-        if why := reasons(old, new):
+        if match["state"] == "UNREACHABLE!":
+            raise ApplyError(f"{match['host']} is unreachable: cannot tell what it runs")
+        result = json.loads(match["json"])
+        try:
+            record = json.loads(base64.b64decode(result.get("content", "")))
+            commits[match["host"]] = str(record["commit"])
+        except (ValueError, KeyError, TypeError):
+            commits[match["host"]] = None
+    missing = sorted(set(hosts) - set(commits))
+    if missing:
+        raise ApplyError(f"no answer from {', '.join(missing)}: {proc.stderr.strip()[-500:]}")
+    return commits
+
+
+def decide(
+    repo: Path, inventory: str, after: dict[str, dict[str, Any]], bases: dict[str, str | None]
+) -> Decision:
+    """bases: engine host -> the commit to compare it against (None: nothing recorded)."""
+    decision = Decision()
+    before_at: dict[str, dict[str, dict[str, Any]]] = {}
+    code_at: dict[str, list[str]] = {}
+    for host, base in sorted(bases.items()):
+        new = engine_state(after.get(host, {}))
+        if new is None:
+            continue
+        if base is None:
+            decision.notes.append(f"{host}: no deploy record; site.yml brings it up")
+            continue
+        if not resolves(repo, base):
+            decision.upgrade_hosts[host] = [
+                f"its base commit {base[:12]} is not in this repository"
+            ]
+            continue
+        if base not in before_at:
+            before_at[base] = hostvars_at(repo, base, inventory)
+            code_at[base] = code_changes(repo, base)
+        old = engine_state(before_at[base].get(host, {}))
+        # A host that gains its first engines has nothing to drain: site.yml brings it up.
+        if old is None:
+            continue
+        why = reasons(old, new)
+        if code_at[base]:
+            shown = ", ".join(code_at[base][:3]) + (" ..." if len(code_at[base]) > 3 else "")
+            why.append(f"engine code: {len(code_at[base])} files ({shown})")
+        if why:
             decision.upgrade_hosts[host] = why
     if decision.upgrade_hosts:
         limit = ",".join(sorted(decision.upgrade_hosts))
@@ -97,25 +203,19 @@ def decide(
     return decision
 
 
-def hostvars_at(repo: Path, ref: str, inventory: str) -> dict[str, dict[str, Any]]:
-    with tempfile.TemporaryDirectory(prefix="vllm-fleet-apply-") as tmp:
-        tree = Path(tmp) / "tree"
-        subprocess.run(
-            ["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(tree), ref],
-            check=True,
-        )
-        try:
-            return inventory_hostvars(tree, inventory)
-        finally:
-            subprocess.run(
-                ["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=False
-            )
-
-
 def apply(repo: Path, since: str, inventory: str, dry_run: bool) -> int:
-    decision = decide(
-        hostvars_at(repo, since, inventory), inventory_hostvars(repo, inventory), inventory
-    )
+    after = inventory_hostvars(repo, inventory)
+    engine_hosts = sorted(h for h, v in after.items() if engine_state(v) is not None)
+    try:
+        if since == "deployed":
+            bases = recorded_commits(repo, inventory, engine_hosts)
+        else:
+            bases = dict.fromkeys(engine_hosts, since)
+        decision = decide(repo, inventory, after, bases)
+    except (ApplyError, subprocess.CalledProcessError) as err:
+        detail = getattr(err, "stderr", "") or ""
+        print(f"apply: {err} {detail}".strip(), file=sys.stderr)
+        return 1
     print(decision.describe(), flush=True)
     if dry_run:
         return 0

@@ -34,9 +34,9 @@ def changed_paths(change: dict[str, Any]) -> list[str]:
     """The files (or other objects) a change touches, from its diff headers."""
     paths = []
     for diff in change.get("diffs", []):
-        header = diff.get("after_header") or diff.get("before_header")
-        if header and header not in paths:
-            paths.append(header)
+        path = diff.get("path") or diff.get("before_header")
+        if path and path not in paths:
+            paths.append(path)
     return paths
 
 
@@ -45,8 +45,8 @@ def unified(diff: dict[str, str]) -> list[str]:
         difflib.unified_diff(
             diff.get("before", "").splitlines(),
             diff.get("after", "").splitlines(),
-            fromfile=diff.get("before_header") or "before",
-            tofile=diff.get("after_header") or "after",
+            fromfile=diff.get("path") or diff.get("before_header") or "before",
+            tofile=diff.get("path") or diff.get("after_header") or "after",
             lineterm="",
         )
     )
@@ -88,11 +88,15 @@ def render_markdown(hosts: dict[str, dict[str, list[dict[str, Any]]]], status: i
 def plan(
     playbook: str, out_dir: Path, extra: list[str], root: Path, stream: bool = True
 ) -> PlanResult:
+    out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = out_dir / "callback.json"
+    raw.unlink(missing_ok=True)
+    enabled = os.environ.get("ANSIBLE_CALLBACKS_ENABLED", "")
     env = dict(
         os.environ,
-        ANSIBLE_CALLBACKS_ENABLED="vllm_fleet_plan",
+        # Added to, not replacing, callbacks the operator enabled through the environment.
+        ANSIBLE_CALLBACKS_ENABLED=",".join(filter(None, [enabled, "vllm_fleet_plan"])),
         VLLM_FLEET_PLAN_OUT=str(raw),
     )
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), playbook, "--check", "--diff"]
@@ -107,8 +111,15 @@ def plan(
             if stream:
                 sys.stdout.write(text)
         rc = proc.wait()
-    hosts = json.loads(raw.read_text())["hosts"] if raw.exists() else {}
-    raw.unlink(missing_ok=True)
+    if not raw.exists():
+        # Without the callback's record nothing is known: never report "no drift" then.
+        missing = f"the vllm_fleet_plan callback wrote nothing (ansible-playbook exit {rc})"
+        markdown = f"# Plan: failed\n\n{missing}; see ansible.log\n"
+        (out_dir / "plan.md").write_text(markdown)
+        (out_dir / "plan.json").write_text(json.dumps({"status": "failed", "hosts": {}}) + "\n")
+        return PlanResult(FAILED, {}, rc, markdown)
+    hosts = json.loads(raw.read_text())["hosts"]
+    raw.unlink()
     status = status_of(hosts, rc)
     markdown = render_markdown(hosts, status)
     (out_dir / "plan.md").write_text(markdown)

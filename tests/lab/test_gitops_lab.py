@@ -75,7 +75,7 @@ def test_a_hand_edited_unit_is_drift_and_apply_puts_it_back(fresh_lab):
     assert f"Install the scheduled verification [vllm-fleet-verify.timer]: {TIMER}" in plan
     assert "-OnCalendar=hourly" in plan and "+OnCalendar=daily" in plan
 
-    applied = run_job("apply", CI_COMMIT_BEFORE_SHA=head())
+    applied = run_job("apply")
     assert applied.returncode == 0, applied.stdout[-3000:]
     assert "no upgrade" in applied.stdout
     assert in_host("router01", "cat", TIMER).stdout == original

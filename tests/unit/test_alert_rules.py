@@ -212,6 +212,36 @@ MUTATIONS: list[tuple[str, str, dict[str, str], str]] = [
         {"old": 'and on (instance) (up{job="vllm-fleet-watchdog"} offset 30m == 1)', "new": ""},
         "watchdog.test.yml",
     ),
+    # A failed crosstalk check (errors, no overlap) taken for cross-talk; contamination paged
+    # twice; and a verification failure seen only in the crosstalk check (smoke missed).
+    (
+        "crosstalk-any-failure",
+        "VllmFleetCrosstalkDetected",
+        {
+            "old": ") > 0",
+            "new": ') > 0 or min by (fleet_host) (vllm_fleet_verify_check_ok{check="crosstalk"}) == 0',
+        },
+        "verify.test.yml",
+    ),
+    (
+        "failed-with-contamination",
+        "VllmFleetVerificationFailed",
+        {
+            "old": "unless on (fleet_host) max by (fleet_host)"
+            ' (vllm_fleet_verify_crosstalk_contaminated_answers{job="node"}) > 0',
+            "new": "",
+        },
+        "verify.test.yml",
+    ),
+    (
+        "failed-crosstalk-only",
+        "VllmFleetVerificationFailed",
+        {
+            "old": 'vllm_fleet_verify_passed{job="node"}',
+            "new": 'vllm_fleet_verify_check_ok{job="node", check="crosstalk"}',
+        },
+        "verify.test.yml",
+    ),
 ]
 
 

@@ -18,8 +18,9 @@ INVENTORY = "inventories/lab"
 
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(
-        ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-    ).stdout.strip()
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
 
 
 @pytest.fixture
@@ -28,8 +29,8 @@ def repo(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / INVENTORY, repo / INVENTORY)
     shutil.copy(ROOT / "ansible.cfg", repo / "ansible.cfg")
     git(repo, "init", "-q")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "add", ".")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "base")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "base")
     return repo
 
 
@@ -38,7 +39,7 @@ def edit(repo: Path, relative: str, change) -> str:
     data = yaml.safe_load(path.read_text())
     change(data)
     path.write_text(yaml.safe_dump(data, sort_keys=False))
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qam", "x")
+    git(repo, "commit", "-qam", "x")
     return git(repo, "rev-parse", "HEAD~1")
 
 
@@ -81,3 +82,23 @@ def test_a_router_setting_change_is_site_yml_only(repo, capsys):
     assert f"run: ansible-playbook -i {INVENTORY} {SITE}" in out
     # The base commit's worktree is gone again.
     assert git(repo, "worktree", "list").count("\n") == 0
+
+
+def test_an_engine_role_change_upgrades_every_engine_host(repo, capsys):
+    template = repo / "roles/vllm_engine/templates/vllm-engine@.service.j2"
+    template.parent.mkdir(parents=True)
+    template.write_text("[Service]\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "engine unit")
+    out = run_apply(repo, git(repo, "rev-parse", "HEAD~1"), capsys)
+    reason = "engine code: 1 files (roles/vllm_engine/templates/vllm-engine@.service.j2)"
+    assert f"engine01: rolling upgrade ({reason})" in out
+    assert f"engine02: rolling upgrade ({reason})" in out
+
+
+def test_a_base_commit_missing_from_the_repository_is_upgraded(repo, capsys):
+    out = run_apply(repo, "f" * 40, capsys)
+    assert (
+        "engine01: rolling upgrade (its base commit ffffffffffff is not in this repository)" in out
+    )
+    assert f"{UPGRADE} --limit engine01,engine02" in out

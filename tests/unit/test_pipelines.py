@@ -74,5 +74,6 @@ def test_each_pipeline_plans_on_review_applies_on_main_and_checks_drift(source):
     assert "playbooks/preflight.yml" in review and "vllm-fleet plan" in review
     # On review, drift (exit 2) is the point of the plan, not a failure.
     assert "|| test $? -eq 2" in review
-    assert "vllm-fleet apply --since" in apply_
+    # The base is what each host records as deployed, not the previous push.
+    assert "vllm-fleet apply --inventory" in apply_ and "--since" not in apply_
     assert "vllm-fleet plan" in drift and "||" not in drift

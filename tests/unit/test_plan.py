@@ -89,3 +89,38 @@ def test_a_no_log_change_keeps_its_content_out_of_the_plan(tmp_path):
     assert result.status == DRIFT
     for written in (tmp_path / "out").iterdir():
         assert secret not in written.read_text(), written.name
+
+
+def test_a_template_change_names_its_destination_not_the_rendered_temp_file(tmp_path):
+    (tmp_path / "timer.j2").write_text("[Timer]\nOnCalendar={{ schedule }}\n")
+    timer = tmp_path / "vllm-fleet-verify.timer"
+    timer.write_text("[Timer]\nOnCalendar=hourly\n")
+    task = {
+        "name": "Install the timer",
+        "ansible.builtin.template": {"src": str(tmp_path / "timer.j2"), "dest": str(timer)},
+        "vars": {"schedule": "daily"},
+    }
+
+    result = plan(write_play(tmp_path, [task]), tmp_path / "out", LOCAL, tmp_path, stream=False)
+
+    assert result.status == DRIFT
+    assert f"- would change: - / Install the timer: {timer}\n" in result.markdown
+    assert f"--- {timer}" in result.markdown and f"+++ {timer}" in result.markdown
+    assert "-OnCalendar=hourly" in result.markdown and "+OnCalendar=daily" in result.markdown
+
+
+def test_without_the_callbacks_record_the_plan_fails_instead_of_saying_no_drift(
+    tmp_path, monkeypatch
+):
+    # The callback cannot be found: the playbook itself runs fine and changes nothing.
+    monkeypatch.setenv("ANSIBLE_CALLBACK_PLUGINS", str(tmp_path / "nowhere"))
+    unit = tmp_path / "unit.service"
+    unit.write_text("[Service]\n")
+    unit.chmod(0o644)
+    play = write_play(tmp_path, [unit_task(unit, "[Service]\n")])
+
+    result = plan(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
+
+    assert result.playbook_rc == 0
+    assert result.status == FAILED
+    assert result.markdown.startswith("# Plan: failed")

@@ -26,6 +26,11 @@ def _served_name(models: Mapping[str, Any], model: str) -> str:
     return str(models.get(model, {}).get("served_name", model))
 
 
+def _address(hostvars: Mapping[str, Any], host: str) -> str:
+    """How Prometheus reaches a host: ansible_host when the inventory sets one."""
+    return str(hostvars[host].get("ansible_host", host))
+
+
 def _static(target: str, labels: Mapping[str, str]) -> dict[str, Any]:
     return {"targets": [target], "labels": dict(labels)}
 
@@ -62,14 +67,16 @@ def scrape_configs(
         {
             "job_name": ROUTER_JOB,
             "static_configs": [
-                _static(f"{h}:{int(router_metrics_port)}", {"fleet_host": h}) for h in router_hosts
+                _static(f"{_address(hostvars, h)}:{int(router_metrics_port)}", {"fleet_host": h})
+                for h in router_hosts
             ],
         },
         {
             "job_name": WATCHDOG_JOB,
             "static_configs": [
                 _static(
-                    f"{hostvars[h].get('vllm_engine_advertise_host', h)}:{int(watchdog_metrics_port)}",
+                    f"{hostvars[h].get('vllm_engine_advertise_host', _address(hostvars, h))}"
+                    f":{int(watchdog_metrics_port)}",
                     {"fleet_host": h},
                 )
                 for h in engine_hosts
@@ -85,7 +92,8 @@ def scrape_configs(
                 "job_name": str(exporter["job"]),
                 "metrics_path": str(exporter.get("path", "/metrics")),
                 "static_configs": [
-                    _static(f"{h}:{int(exporter['port'])}", {"fleet_host": h}) for h in members
+                    _static(f"{_address(hostvars, h)}:{int(exporter['port'])}", {"fleet_host": h})
+                    for h in members
                 ],
             }
         )
@@ -134,10 +142,20 @@ def inventory_rules(
     return {"groups": [{"name": "vllm-fleet-inventory", "rules": rules}]}
 
 
-def job_names(config_yaml: str) -> list[str]:
-    """Scrape job names of a Prometheus configuration (as /api/v1/status/config returns it)."""
+def targets(scrape: list[Mapping[str, Any]]) -> list[str]:
+    """'job target' for every target of scrape configs, sorted."""
+    return sorted(
+        f"{job.get('job_name')} {target}"
+        for job in scrape
+        for static in job.get("static_configs") or []
+        for target in static.get("targets") or []
+    )
+
+
+def loaded_targets(config_yaml: str) -> list[str]:
+    """The targets of the configuration Prometheus has loaded (/api/v1/status/config)."""
     config = yaml.safe_load(config_yaml) or {}
-    return [str(job.get("job_name")) for job in config.get("scrape_configs") or []]
+    return targets(config.get("scrape_configs") or [])
 
 
 def down_targets(active: list[Mapping[str, Any]]) -> list[str]:
@@ -164,6 +182,7 @@ class FilterModule:
             "monitoring_scrape_configs": scrape_configs,
             "monitoring_inventory_rules": inventory_rules,
             "monitoring_is_ip": is_ip,
-            "monitoring_job_names": job_names,
+            "monitoring_targets": targets,
+            "monitoring_loaded_targets": loaded_targets,
             "monitoring_down_targets": down_targets,
         }

@@ -7,11 +7,13 @@ page on cross-talk and on a verification that stopped running.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 
 def contaminated_answers(report: dict[str, Any]) -> int:
@@ -48,6 +50,14 @@ def write_metrics(report: dict[str, Any], path: Path) -> None:
         registry=registry,
     ).set(started.timestamp())
     path.parent.mkdir(parents=True, exist_ok=True)
-    # Written to a temporary file and renamed: the collector never reads half a file.
-    write_to_textfile(str(path), registry)
-    path.chmod(0o644)
+    # A readable temporary file renamed into place: node exporter (another user) never
+    # reads half a file, nor one it may not open.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as out:
+            out.write(generate_latest(registry))
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
