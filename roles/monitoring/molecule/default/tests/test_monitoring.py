@@ -8,6 +8,7 @@ record is there and readable as local facts.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -29,8 +30,10 @@ def address(host):
     return host.check_output("hostname -I").split()[0]
 
 
-def api(host, address, path):
-    body = json.loads(host.check_output(f"curl -sf http://{address}:9090/api/v1/{path}"))
+def api(host, address, path, **params):
+    encoded = " ".join(f"--data-urlencode {shlex.quote(f'{k}={v}')}" for k, v in params.items())
+    out = host.check_output(f"curl -sfG http://{address}:9090/api/v1/{path} {encoded}")
+    body = json.loads(out)
     assert body["status"] == "success", body
     return body["data"]
 
@@ -48,7 +51,7 @@ def test_both_listen_only_on_the_hosts_address(host, address):
 
 
 def test_every_target_is_up(host, address):
-    targets = api(host, address, "targets?state=active")["activeTargets"]
+    targets = api(host, address, "targets", state="active")["activeTargets"]
     assert {t["labels"]["job"] for t in targets} == {"prometheus", "node"}
     assert all(t["health"] == "up" for t in targets), targets
     (node,) = [t for t in targets if t["labels"]["job"] == "node"]
@@ -76,7 +79,7 @@ def test_every_shipped_alert_is_loaded_and_evaluates(host, address):
 
 def test_a_stopped_exporter_is_seen_down_and_back(host, address):
     def node_up() -> list[str]:
-        result = api(host, address, 'query?query=up{job="node"}')["result"]
+        result = api(host, address, "query", query='up{job="node"}')["result"]
         return [r["value"][1] for r in result]
 
     host.check_output("systemctl stop prometheus-node-exporter")
