@@ -92,6 +92,25 @@ def _cmd_lock(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_lock_resolve(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from vllm_fleet.wheel_lock import resolve_lock
+
+    with tempfile.TemporaryDirectory() as workdir:
+        lines = resolve_lock(
+            args.requirements,
+            Path(workdir),
+            set(args.exclude),
+            python_version=args.python,
+            index_url=args.index_url,
+            extra_index_urls=args.extra_index_url,
+            constraints=Path(args.constraint) if args.constraint else None,
+        )
+    print("\n".join(lines))
+    return 0
+
+
 def _cmd_fleet_verify(args: argparse.Namespace) -> int:
     import os
 
@@ -214,6 +233,20 @@ def _add_verify(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_cmd_fleet_verify)
 
 
+def _add_lock_resolve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "lock-resolve",
+        help="print a hash lock for requirements, resolved by pip from wheel metadata only",
+    )
+    p.add_argument("requirements", nargs="+", help="e.g. vllm==0.33.0")
+    p.add_argument("--python", default="3.11", help="target CPython version")
+    p.add_argument("--index-url", default="https://pypi.org/simple")
+    p.add_argument("--extra-index-url", action="append", default=[])
+    p.add_argument("--constraint", help="a pip constraints file")
+    p.add_argument("--exclude", nargs="*", default=[], help="names left out of the lock")
+    p.set_defaults(func=_cmd_lock_resolve)
+
+
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "plan",
@@ -299,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_traffic(sub)
     _add_plan(sub)
+    _add_lock_resolve(sub)
 
     p = sub.add_parser("lock", help="print a hash lock for a wheelhouse")
     p.add_argument("wheelhouse")
