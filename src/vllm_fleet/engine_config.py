@@ -25,6 +25,31 @@ DEVICE_ENV_VAR: dict[str, str] = {
 }
 
 
+class AscendSettings(BaseModel):
+    """NPU and HCCL settings of an Ascend engine (vllm-ascend's service guides' values)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pytorch_npu_alloc_conf: str = "expandable_segments:True"
+    task_queue_enable: Literal[0, 1, 2] = 1
+    omp_num_threads: int = Field(default=1, ge=1)
+    omp_proc_bind: bool = False
+    hccl_op_expansion_mode: str | None = "AIV"
+    # MB per communicator; None keeps HCCL's default (200).
+    hccl_buffsize: int | None = Field(default=None, gt=0)
+    # Seconds ranks wait for each other at setup; None keeps HCCL's default (120).
+    hccl_connect_timeout: int | None = Field(default=None, ge=120, le=7200)
+
+
+class NetworkSettings(BaseModel):
+    """The host's private interface, which collective communication should use."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    interface: str | None = None
+    address: str | None = None
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -49,6 +74,8 @@ class EngineConfig(BaseModel):
     shutdown_timeout: int = Field(default=30, ge=0)
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    ascend: AscendSettings = Field(default_factory=AscendSettings)
+    network: NetworkSettings = Field(default_factory=NetworkSettings)
     # Where routers reach this group (e.g. http://engine01:8100), and the routers it joins
     # once healthy and leaves before it stops.
     advertise_url: str | None = None
@@ -89,6 +116,34 @@ def device_env(accelerator: str, devices: list[int]) -> dict[str, str]:
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
         }
     return {DEVICE_ENV_VAR[accelerator]: ",".join(str(d) for d in devices)}
+
+
+def accelerator_env(cfg: EngineConfig) -> dict[str, str]:
+    """The accelerator's runtime and collective-communication variables."""
+    env: dict[str, str] = {}
+    iface, address = cfg.network.interface, cfg.network.address
+    if cfg.accelerator == "ascend":
+        npu = cfg.ascend
+        env |= {
+            "PYTORCH_NPU_ALLOC_CONF": npu.pytorch_npu_alloc_conf,
+            "TASK_QUEUE_ENABLE": str(npu.task_queue_enable),
+            "OMP_NUM_THREADS": str(npu.omp_num_threads),
+            "OMP_PROC_BIND": "true" if npu.omp_proc_bind else "false",
+        }
+        optional = {
+            "HCCL_OP_EXPANSION_MODE": npu.hccl_op_expansion_mode,
+            "HCCL_BUFFSIZE": npu.hccl_buffsize,
+            "HCCL_CONNECT_TIMEOUT": npu.hccl_connect_timeout,
+            "HCCL_IF_IP": address,
+            "HCCL_SOCKET_IFNAME": iface,
+            "TP_SOCKET_IFNAME": iface,
+        }
+        env |= {k: str(v) for k, v in optional.items() if v is not None}
+    elif cfg.accelerator == "cuda" and iface:
+        env["NCCL_SOCKET_IFNAME"] = iface
+    if iface:
+        env["GLOO_SOCKET_IFNAME"] = iface
+    return env
 
 
 def engine_argv(cfg: EngineConfig) -> list[str]:
@@ -145,5 +200,7 @@ def engine_env(cfg: EngineConfig, state_dir: Path) -> dict[str, str]:
         "DO_NOT_TRACK": "1",
     }
     env.update(device_env(cfg.accelerator, cfg.devices))
+    env.update(accelerator_env(cfg))
+    # The group's own env wins over everything derived.
     env.update(cfg.env)
     return env

@@ -88,3 +88,57 @@ def test_env_keeps_caches_in_the_state_dir_and_stays_offline():
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValidationError):
         config(**bad)
+
+
+def test_ascend_env_pins_npus_and_sets_npu_and_hccl_defaults():
+    env = engine_env(
+        config(accelerator="ascend", stack="ascend-vllm-0.23.0", devices=[4, 5, 6, 7]),
+        Path("/var/lib/vllm-fleet/engines/g0"),
+    )
+    assert env["ASCEND_RT_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert env["PYTORCH_NPU_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["TASK_QUEUE_ENABLE"] == "1"
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert env["OMP_PROC_BIND"] == "false"
+    assert env["HCCL_OP_EXPANSION_MODE"] == "AIV"
+    # Unset: HCCL's own defaults, and no interface unless the host names one.
+    for absent in ("HCCL_BUFFSIZE", "HCCL_CONNECT_TIMEOUT", "HCCL_IF_IP", "GLOO_SOCKET_IFNAME"):
+        assert absent not in env
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env
+
+
+def test_ascend_settings_and_private_interface_reach_hccl_and_gloo():
+    cfg = config(
+        accelerator="ascend",
+        devices=[0, 1],
+        ascend={"hccl_buffsize": 512, "hccl_connect_timeout": 1200, "omp_num_threads": 4},
+        network={"interface": "enp189s0f0", "address": "192.168.20.21"},
+        env={"TASK_QUEUE_ENABLE": "2"},
+    )
+    env = engine_env(cfg, Path("/s"))
+    assert env["HCCL_BUFFSIZE"] == "512"
+    assert env["HCCL_CONNECT_TIMEOUT"] == "1200"
+    assert env["OMP_NUM_THREADS"] == "4"
+    assert env["HCCL_IF_IP"] == "192.168.20.21"
+    assert env["HCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "enp189s0f0"
+    assert env["TP_SOCKET_IFNAME"] == "enp189s0f0"
+    # A group's own env wins over the derived values.
+    assert env["TASK_QUEUE_ENABLE"] == "2"
+
+
+def test_cuda_env_pins_gpus_and_nccl_follows_the_private_interface():
+    env = engine_env(config(accelerator="cuda", devices=[4, 5]), Path("/s"))
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    assert not any(k.startswith(("HCCL_", "PYTORCH_NPU", "NCCL_")) for k in env)
+    env = engine_env(
+        config(accelerator="cuda", devices=[0], network={"interface": "ib0"}), Path("/s")
+    )
+    assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == "ib0"
+
+
+@pytest.mark.parametrize(
+    "bad", [{"hccl_connect_timeout": 60}, {"task_queue_enable": 3}, {"hccl_bufsize": 1}]
+)
+def test_bad_ascend_settings_are_refused(bad):
+    with pytest.raises(ValidationError):
+        config(accelerator="ascend", ascend=bad)
