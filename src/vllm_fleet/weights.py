@@ -235,11 +235,18 @@ class MirrorClient:
         self.client.close()
 
 
-@dataclass
-class MirrorFetch:
+@dataclass(kw_only=True)
+class RevisionFetch:
+    """Install one pinned revision of a model, whatever the source.
+
+    A source supplies ``_fetch_into_place``, which fills a staging directory via
+    ``_install``; everything else (the installed check, ``current``, pruning, the
+    free-space check and the atomic rename) is shared, so every source gives the
+    same guarantees.
+    """
+
     name: str
     revision: str
-    base_url: str
     root: Path
     keep: int = 2
     full_verify: bool = False
@@ -259,11 +266,18 @@ class MirrorFetch:
         """Whether the revision is installed and verifies; with the problems if not."""
         if not (self.target / MANIFEST_NAME).is_file():
             return False, ["not installed"]
+        problems = self._provenance_problems(self.target)
+        if problems:
+            return False, problems
         manifest = load_local_manifest(self.target)
         problems = verify_dir(
             self.target, manifest, self.full_verify, self.workers, self.report, rehashed=rehashed
         )
         return not problems, problems
+
+    def _provenance_problems(self, rev_dir: Path) -> list[str]:
+        """Reasons the installed copy is not what this fetch asks for, beyond its bytes."""
+        return []
 
     def needs_change(self) -> bool:
         ok, _ = self.installed_ok()
@@ -297,6 +311,9 @@ class MirrorFetch:
             actions=actions,
         )
 
+    def _fetch_into_place(self) -> Manifest:
+        raise NotImplementedError
+
     def _check_free_space(self, needed: int) -> None:
         self.model_dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.model_dir).free
@@ -306,6 +323,39 @@ class MirrorFetch:
                 f"{self.margin_bytes / 1e9:.2f} GB margin in {self.model_dir}, only "
                 f"{free / 1e9:.2f} GB free; free space or move model_weights_root"
             )
+
+    def _install(self, fill: Callable[[Path], Manifest], provenance: dict[str, object]) -> Manifest:
+        """Fill a fresh staging dir, record and stamp it, then rename it into place.
+
+        ``fill`` writes the files and returns their verified manifest, or raises. The
+        staging dir never survives: on success it has become the revision directory.
+        """
+        staging = self.model_dir / f"{STAGING_PREFIX}{self.revision}-{os.getpid()}"
+        remove_tree(staging)
+        staging.mkdir(parents=True)
+        try:
+            manifest = fill(staging)
+            _write_private(
+                staging / MANIFEST_NAME,
+                canonical_json({**manifest.model_dump(), **provenance}),
+            )
+            write_stamp(staging, manifest)
+            _make_read_only(staging)
+            if self.target.exists():
+                trash = self.model_dir / f".trash-{self.revision}-{os.getpid()}"
+                self.target.rename(trash)
+                staging.rename(self.target)
+                remove_tree(trash)
+            else:
+                staging.rename(self.target)
+        finally:
+            remove_tree(staging)
+        return manifest
+
+
+@dataclass(kw_only=True)
+class MirrorFetch(RevisionFetch):
+    base_url: str
 
     def _fetch_into_place(self) -> Manifest:
         client = MirrorClient(self.base_url)
@@ -323,34 +373,13 @@ class MirrorFetch:
                     f"model {self.name}: the mirror's manifest is for model {manifest.model!r}"
                 )
             self._check_free_space(manifest.total_bytes)
-            staging = self.model_dir / f"{STAGING_PREFIX}{self.revision}-{os.getpid()}"
-            remove_tree(staging)
-            staging.mkdir(parents=True)
-            try:
+
+            def fill(staging: Path) -> Manifest:
                 self._download_all(client, manifest, staging)
-                _write_private(
-                    staging / MANIFEST_NAME,
-                    canonical_json(
-                        {
-                            **manifest.model_dump(),
-                            "source": "mirror",
-                            "url": self.base_url,
-                            "revision": self.revision,
-                        }
-                    ),
-                )
-                write_stamp(staging, manifest)
-                _make_read_only(staging)
-                if self.target.exists():
-                    trash = self.model_dir / f".trash-{self.revision}-{os.getpid()}"
-                    self.target.rename(trash)
-                    staging.rename(self.target)
-                    remove_tree(trash)
-                else:
-                    staging.rename(self.target)
-            finally:
-                remove_tree(staging)
-            return manifest
+                return manifest
+
+            provenance = {"source": "mirror", "url": self.base_url, "revision": self.revision}
+            return self._install(fill, provenance)
         finally:
             client.close()
 
