@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router bench-upgrade plan clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router bench-upgrade bench-hash plan clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -66,6 +66,10 @@ bench-router: venv ## on the lab: router overhead; prefix-cache hits per policy 
 
 bench-upgrade: venv ## on the lab: a rolling upgrade under load (failed requests, engines serving)
 	$(BIN)/python bench/upgrade_bench.py
+
+BENCH_HASH_GIB ?= 4
+bench-hash: venv ## sha256 verify vs sha256sum, stamped re-verify (BENCH_HASH_GIB=4, data in the cache)
+	$(BIN)/python bench/hash_bench.py --gib $(BENCH_HASH_GIB)
 
 clean: lab-down ## remove the lab and the controller venv (caches stay in $(VLLM_FLEET_CACHE))
 	rm -rf $(VENV) .collections
