@@ -123,14 +123,13 @@ def _check_json(model_dir: Path, name: str, required: bool) -> list[Problem]:
     return [] if why is None else [Problem(name, f"{name} {why}")]
 
 
-def _size_problem(model_dir: Path, name: str, because: str) -> Problem | None:
-    """None when name is a non-empty file; else why not, prefixed by ``because``."""
+def _size_problem(model_dir: Path, name: str, because: str = "") -> Problem | None:
+    """None when name is a non-empty file; else why not ("<because> <name>, which is ...")."""
     path = model_dir / name
-    if not path.is_file():
-        return Problem(name, f"{because}{name}, which is missing")
-    if path.stat().st_size == 0:
-        return Problem(name, f"{because}{name}, which is empty")
-    return None
+    state = "missing" if not path.is_file() else "empty" if path.stat().st_size == 0 else None
+    if state is None:
+        return None
+    return Problem(name, f"{because} {name}, which is {state}" if because else f"{name} is {state}")
 
 
 def check_weights(model_dir: Path) -> list[Problem]:
@@ -157,14 +156,14 @@ def _check_index(model_dir: Path, index: str) -> list[Problem]:
         why = "lists no weight files"
     if why is not None or files is None:
         return [Problem(index, f"{index} {why}")]
-    found = (_size_problem(model_dir, f, f"{index} lists ") for f in files)
+    found = (_size_problem(model_dir, f, f"{index} lists") for f in files)
     return [p for p in found if p is not None]
 
 
 def _check_unindexed(model_dir: Path) -> list[Problem]:
     for name in SINGLE_WEIGHTS:
         if (model_dir / name).exists():
-            problem = _size_problem(model_dir, name, "the weights file ")
+            problem = _size_problem(model_dir, name)
             return [] if problem is None else [problem]
     shards = [m for p in sorted(model_dir.iterdir()) if (m := SHARD_RE.match(p.name))]
     if not shards:
@@ -186,7 +185,7 @@ def _check_shard_sets(model_dir: Path, shards: list[re.Match[str]]) -> list[Prob
         first = f"{stem}-{1:0{width}d}-of-{total}.{ext}"
         for i in range(1, int(total) + 1):
             name = f"{stem}-{i:0{width}d}-of-{total}.{ext}"
-            problem = _size_problem(model_dir, name, f"shard names like {first} imply ")
+            problem = _size_problem(model_dir, name, f"shard names like {first} imply")
             if problem is not None:
                 problems.append(problem)
     return problems
@@ -200,7 +199,7 @@ def check_tokenizer(tokenizer_dir: Path) -> list[Problem]:
 def _tokenizer_files(tokenizer_dir: Path) -> list[Problem]:
     for form in TOKENIZER_FORMS:
         if all((tokenizer_dir / name).exists() for name in form):
-            found = (_size_problem(tokenizer_dir, n, "the tokenizer file ") for n in form)
+            found = (_size_problem(tokenizer_dir, n) for n in form)
             return [p for p in found if p is not None]
     if (tokenizer_dir / "vocab.json").exists():
         # Half a BPE tokenizer is the typical interrupted download: say which half.

@@ -98,7 +98,7 @@ def test_no_weights_at_all(tmp_path):
 
 def test_empty_single_weights_file(tmp_path):
     model = make_model(tmp_path / "m", weights=b"")
-    assert missing_files(model) == ["the weights file model.safetensors, which is empty"]
+    assert missing_files(model) == ["model.safetensors is empty"]
 
 
 def test_missing_config_json(tmp_path):
@@ -156,7 +156,7 @@ def test_half_a_bpe_tokenizer_names_the_missing_half(tmp_path):
 def test_empty_tokenizer_file(tmp_path):
     model = make_model(tmp_path / "m")
     (model / "tokenizer.json").write_text("")
-    assert missing_files(model) == ["the tokenizer file tokenizer.json, which is empty"]
+    assert missing_files(model) == ["tokenizer.json is empty"]
 
 
 def test_present_optional_json_must_parse(tmp_path):
