@@ -290,7 +290,9 @@ class RevisionFetch:
         ok, problems = self.installed_ok(rehashed)
         if not ok:
             if problems != ["not installed"]:
-                actions.append("re-fetched damaged local copy: " + "; ".join(problems))
+                # A copy fetched with other settings (repo, file patterns) is not damaged.
+                what = "other" if self._provenance_problems(self.target) else "damaged"
+                actions.append(f"re-fetched {what} local copy: " + "; ".join(problems))
             manifest = self._fetch_into_place()
             actions.append(f"fetched {len(manifest.files)} files")
         elif rehashed:
