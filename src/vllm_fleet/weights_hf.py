@@ -13,6 +13,7 @@ nothing else: it is never logged, never recorded, and scrubbed from every error 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ from vllm_fleet.manifest import Manifest, ManifestFile
 from vllm_fleet.weights import (
     MANIFEST_NAME,
     STAMP_NAME,
+    DiskFullError,
     Progress,
     RevisionFetch,
     WeightsError,
@@ -159,6 +161,14 @@ def _require_client(name: str) -> None:
             f"model {name}: the hf source needs huggingface_hub==2.4.0 in this venv ({err}); "
             "add it and its dependencies to the agent's lock (catalog/locks/agent-deps.lock)"
         ) from None
+
+
+def forget_download(staging: Path, path: str) -> None:
+    """Delete a staged file that failed its check, and huggingface_hub's record of it (which
+    would otherwise make the next run trust the bad file instead of resuming cleanly)."""
+    (staging / path).unlink(missing_ok=True)
+    metadata = staging / CLIENT_CACHE / "huggingface" / "download" / f"{path}.metadata"
+    metadata.unlink(missing_ok=True)
 
 
 def _patterns(value: str | Sequence[str] | None) -> list[str] | None:
@@ -356,6 +366,10 @@ class HfFetch(RevisionFetch):
                     tqdm_class=cast(Any, bar),
                 )
             except Exception as err:  # each file's failure is reported, not just the first
+                if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+                    raise DiskFullError(
+                        f"{item.path}: no space left on device while writing {staging}"
+                    ) from err
                 problems.append(self._download_problem(item, err, token))
                 return
             # huggingface_hub checked the size at most; the content is checked here.
@@ -363,6 +377,7 @@ class HfFetch(RevisionFetch):
             problem = mismatch(item, got)
             if problem is not None:
                 problems.append(problem)
+                forget_download(staging, item.path)
             else:
                 entries.append(ManifestFile(path=item.path, size=got.size, sha256=got.sha256))
 
