@@ -266,7 +266,9 @@ def download_resumable(client: httpx.Client, url: str, dest: Path, progress: Pro
             else:
                 progress.add(offset)
             with dest.open("ab" if resumed else "wb") as out:
-                for block in response.iter_bytes(BLOCK_SIZE):
+                # As received, not re-chunked: a buffered chunk would be lost when the
+                # connection drops, and a resume would fetch it again.
+                for block in response.iter_bytes():
                     digest.update(block)
                     out.write(block)
                     progress.add(len(block))
