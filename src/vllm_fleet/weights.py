@@ -351,9 +351,23 @@ class RevisionFetch:
         )
         return not problems, problems
 
+    def wanted(self) -> dict[str, object]:
+        """What, beyond the revision, decides which bytes an install holds (its provenance).
+
+        A mirror revision pins every byte by itself: nothing more to ask for.
+        """
+        return {}
+
     def _provenance_problems(self, rev_dir: Path) -> list[str]:
         """Reasons the installed copy is not what this fetch asks for, beyond its bytes."""
-        return []
+        wanted = self.wanted()
+        if not wanted:
+            return []
+        try:
+            stored = json.loads((rev_dir / MANIFEST_NAME).read_text())
+        except (OSError, ValueError):
+            return ["manifest unreadable"]
+        return provenance_problems(stored, wanted)
 
     def needs_change(self) -> bool:
         ok, _ = self.installed_ok()
@@ -554,14 +568,10 @@ class CacheFetch(RevisionFetch):
     """
 
     base_url: str
-    wanted: dict[str, object]
+    upstream: dict[str, object]
 
-    def _provenance_problems(self, rev_dir: Path) -> list[str]:
-        try:
-            stored = json.loads((rev_dir / MANIFEST_NAME).read_text())
-        except (OSError, ValueError):
-            return ["manifest unreadable"]
-        return provenance_problems(stored, self.wanted)
+    def wanted(self) -> dict[str, object]:
+        return self.upstream
 
     def _fetch_into_place(self) -> Manifest:
         url = f"{self.base_url.rstrip('/')}/{self.name}/{self.revision}"
@@ -577,7 +587,7 @@ class CacheFetch(RevisionFetch):
                     f"model {self.name}: cannot read the cache host's manifest "
                     f"{url}/{MANIFEST_NAME}: {err}; is the cache play done and its server up?"
                 ) from err
-            problems = provenance_problems(stored, self.wanted)
+            problems = provenance_problems(stored, self.upstream)
             if problems:
                 raise WeightsError(
                     f"model {self.name}: the cache host holds a different copy at {url}: "
@@ -604,7 +614,7 @@ class CacheFetch(RevisionFetch):
                 )
                 return manifest
 
-            return self._install(fill, {**self.wanted, "revision": self.revision, "via": url})
+            return self._install(fill, {**self.upstream, "revision": self.revision, "via": url})
         finally:
             client.close()
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -203,7 +202,7 @@ class HfFetch(RevisionFetch):
     def where(self) -> str:
         return f"{self.repo}@{self.revision} from {public_url(self.endpoint_url)}"
 
-    def _wanted(self) -> dict[str, object]:
+    def wanted(self) -> dict[str, object]:
         # What decides which bytes land here; the endpoint does not (a mirror has the same).
         return {
             "source": "hf",
@@ -212,24 +211,13 @@ class HfFetch(RevisionFetch):
             "ignore_patterns": self.ignore_patterns,
         }
 
-    def _provenance_problems(self, rev_dir: Path) -> list[str]:
-        try:
-            stored = json.loads((rev_dir / MANIFEST_NAME).read_text())
-        except (OSError, ValueError):
-            return ["manifest unreadable"]
-        return [
-            f"installed with {key}={stored.get(key)!r}, wanted {value!r}"
-            for key, value in self._wanted().items()
-            if stored.get(key) != value
-        ]
-
     def _fetch_into_place(self) -> Manifest:
         _require_client(self.name)
         token = os.environ.get("HF_TOKEN", "").strip() or None
         expected = self._expected_files(token)
         self._check_free_space(sum(e.size for e in expected))
         provenance = {
-            **self._wanted(),
+            **self.wanted(),
             "revision": self.revision,
             "endpoint": public_url(self.endpoint_url),
         }

@@ -225,7 +225,7 @@ def cache_fetch(
     server: RangeServer, mirror: tuple[str, str], root: Path, wanted: dict[str, object]
 ) -> CacheFetch:
     return CacheFetch(
-        name="m", revision=mirror[1], base_url=f"{server.url}/cache", wanted=wanted, root=root
+        name="m", revision=mirror[1], base_url=f"{server.url}/cache", upstream=wanted, root=root
     )
 
 
