@@ -83,6 +83,17 @@ def _stat_key(path: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
 
 
+def tree_entries(root: Path) -> dict[str, os.stat_result]:
+    """Every non-directory entry under root (links not followed), by relative posix path."""
+    found: dict[str, os.stat_result] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        for name in [*filenames, *(d for d in dirnames if (base / d).is_symlink())]:
+            entry = base / name
+            found[entry.relative_to(root).as_posix()] = entry.lstat()
+    return found
+
+
 def load_local_manifest(rev_dir: Path) -> Manifest:
     return Manifest.model_validate_json((rev_dir / MANIFEST_NAME).read_text())
 
