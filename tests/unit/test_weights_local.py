@@ -1,4 +1,4 @@
-"""The local (pre-staged directory) weights source."""
+"""The local (pre-staged directory) weights source, and the unexpected-file check of verify_dir."""
 
 import json
 import os
@@ -231,4 +231,28 @@ def test_not_enough_disk_space_is_refused_before_copying(tmp_path, installed):
     staged, old, new = installed
     with pytest.raises(WeightsError, match="GB free; free space"):
         fetch(tmp_path, staged, new, margin_bytes=1 << 60).run()
+    assert_previous_serves(tmp_path, old)
+
+
+# --- verify_dir: an unexpected file inside an installed revision ---------------------------
+
+
+def test_unexpected_file_in_an_installed_revision_is_a_problem_and_refetched(tmp_path, media):
+    root, old, _ = media
+    fetch(tmp_path, root / old, old).run()
+    target = model_dir(tmp_path) / old
+    manifest = load_local_manifest(target)
+    # vllm-fleet's own files are not unexpected.
+    assert verify_dir(target, manifest, full=False, workers=2) == []
+    (target / "sub").chmod(0o755)
+    (target / "sub" / "planted.py").write_text("import os\n")
+    (target / "sub" / "link").symlink_to("/etc")
+    assert verify_dir(target, manifest, full=False, workers=2) == [
+        "sub/link: not in the manifest (unexpected file)",
+        "sub/planted.py: not in the manifest (unexpected file)",
+    ]
+    result = fetch(tmp_path, root / old, old).run()
+    assert result.changed
+    assert result.actions[0].startswith("re-fetched damaged local copy: sub/link: not in the")
+    assert not (target / "sub" / "planted.py").exists()
     assert_previous_serves(tmp_path, old)
