@@ -90,6 +90,21 @@ def _stat_key(path: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
 
 
+def tree_entries(root: Path) -> dict[str, os.stat_result]:
+    """Every non-directory entry under root (links not followed), by relative posix path."""
+    found: dict[str, os.stat_result] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        for name in [*filenames, *(d for d in dirnames if (base / d).is_symlink())]:
+            entry = base / name
+            found[entry.relative_to(root).as_posix()] = entry.lstat()
+    return found
+
+
+# vllm-fleet's own files in a revision directory (and their write-then-rename temporaries).
+OWN_FILES = frozenset({MANIFEST_NAME, STAMP_NAME, f"{MANIFEST_NAME}.tmp", f"{STAMP_NAME}.tmp"})
+
+
 def load_local_manifest(rev_dir: Path) -> Manifest:
     return Manifest.model_validate_json((rev_dir / MANIFEST_NAME).read_text())
 
@@ -106,7 +121,8 @@ def verify_dir(
     """Check every file of manifest under rev_dir; returns the problems found.
 
     Unless ``full``, files whose (size, mtime, inode) match the verified stamp are
-    trusted without re-hashing; that makes re-checking an unchanged model cheap.
+    trusted without re-hashing; that makes re-checking an unchanged model cheap. A file the
+    manifest does not list is a problem too: nothing but vllm-fleet writes there.
     """
     stamp: dict[str, dict[str, int | str]] = {}
     if not full:
@@ -127,6 +143,11 @@ def verify_dir(
         if known and {k: known.get(k) for k in key} == key and known.get("sha256") == entry.sha256:
             continue
         to_hash.append((path, entry.sha256))
+    listed = {entry.path for entry in manifest.files} | OWN_FILES
+    problems.extend(
+        f"{rel}: not in the manifest (unexpected file)"
+        for rel in sorted(set(tree_entries(rev_dir)) - listed)
+    )
     if rehashed is not None:
         rehashed.extend(p for p, _ in to_hash)
     if to_hash:
