@@ -16,6 +16,7 @@ directory is only read, never changed.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -28,7 +29,7 @@ from pydantic import ValidationError
 
 from vllm_fleet.hashing import BLOCK_SIZE
 from vllm_fleet.manifest import Manifest, ManifestFile
-from vllm_fleet.weights import Progress, RevisionFetch, WeightsError, tree_entries
+from vllm_fleet.weights import DiskFullError, Progress, RevisionFetch, WeightsError, tree_entries
 
 REVISION_RE = re.compile(r"[0-9a-f]{64}")
 STAGED_MANIFEST = "manifest.json"
@@ -152,14 +153,20 @@ class LocalFetch(RevisionFetch):
             try:
                 size, got = copy_hashed(self.path / entry.path, staging / entry.path, progress)
             except OSError as err:
+                if err.errno == errno.ENOSPC:
+                    raise DiskFullError(
+                        f"{entry.path}: no space left on device while writing {staging}"
+                    ) from err
                 problems.append(f"{entry.path}: cannot copy: {err.strerror or err}")
                 return
             if size != entry.size:
                 problems.append(f"{entry.path}: size {size}, expected {entry.size}")
+                (staging / entry.path).unlink()
             elif got != entry.sha256:
                 problems.append(
                     f"{entry.path}: sha256 mismatch: expected {entry.sha256}, got {got}"
                 )
+                (staging / entry.path).unlink()
 
         ordered = sorted(manifest.files, key=lambda e: e.size, reverse=True)
         with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:

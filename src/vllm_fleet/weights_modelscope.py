@@ -31,8 +31,8 @@ every error message.
 
 from __future__ import annotations
 
+import errno
 import hashlib
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -47,7 +47,14 @@ import httpx
 
 from vllm_fleet.hashing import BLOCK_SIZE
 from vllm_fleet.manifest import Manifest, ManifestFile
-from vllm_fleet.weights import MANIFEST_NAME, STAMP_NAME, Progress, RevisionFetch, WeightsError
+from vllm_fleet.weights import (
+    MANIFEST_NAME,
+    STAMP_NAME,
+    DiskFullError,
+    Progress,
+    RevisionFetch,
+    WeightsError,
+)
 from vllm_fleet.weights_hf import public_url
 
 COMMIT_RE = re.compile(r"[0-9a-f]{40}")
@@ -140,7 +147,7 @@ class ModelScopeFetch(RevisionFetch):
     def where(self) -> str:
         return f"{self.repo}@{self.revision} from {public_url(self.endpoint_url)}"
 
-    def _wanted(self) -> dict[str, object]:
+    def wanted(self) -> dict[str, object]:
         # What decides which bytes land here; the endpoint does not (a mirror has the same).
         return {
             "source": "modelscope",
@@ -148,17 +155,6 @@ class ModelScopeFetch(RevisionFetch):
             "allow_patterns": self.allow_patterns,
             "ignore_patterns": self.ignore_patterns,
         }
-
-    def _provenance_problems(self, rev_dir: Path) -> list[str]:
-        try:
-            stored = json.loads((rev_dir / MANIFEST_NAME).read_text())
-        except (OSError, ValueError):
-            return ["manifest unreadable"]
-        return [
-            f"installed with {key}={stored.get(key)!r}, wanted {value!r}"
-            for key, value in self._wanted().items()
-            if stored.get(key) != value
-        ]
 
     def _fetch_into_place(self) -> Manifest:
         token = os.environ.get(TOKEN_ENV, "").strip() or None
@@ -168,7 +164,7 @@ class ModelScopeFetch(RevisionFetch):
             listed = self._listing(client, token)
             self._check_free_space(sum(f.size for f in listed))
             provenance = {
-                **self._wanted(),
+                **self.wanted(),
                 "revision": self.revision,
                 "endpoint": public_url(self.endpoint_url),
             }
@@ -337,12 +333,21 @@ class ModelScopeFetch(RevisionFetch):
         except httpx.HTTPError as err:
             detail = _scrub(f"{type(err).__name__}: {err}", token)
             return f"{item.path}: download failed: {detail}"
-        if size != item.size:
-            return f"{item.path}: size mismatch: expected {item.size}, got {size}"
+        except OSError as err:
+            if err.errno == errno.ENOSPC:
+                raise DiskFullError(
+                    f"{item.path}: no space left on device while writing {dest}"
+                ) from err
+            raise WeightsError(f"{item.path}: cannot write {dest}: {err.strerror}") from err
         got = digest.hexdigest()
-        if got != item.sha256:
-            return f"{item.path}: sha256 mismatch: expected {item.sha256}, got {got}"
-        return None
+        problem = None
+        if size != item.size:
+            problem = f"{item.path}: size mismatch: expected {item.size}, got {size}"
+        elif got != item.sha256:
+            problem = f"{item.path}: sha256 mismatch: expected {item.sha256}, got {got}"
+        if problem is not None:
+            dest.unlink()  # a bad file is not kept in staging
+        return problem
 
     def _download_refusal(self, item: Listed, response: httpx.Response, token: str | None) -> str:
         status = response.status_code

@@ -41,7 +41,10 @@ def model_dir(tmp_path):
 
 
 def listing(tmp_path):
-    return sorted(p.name for p in model_dir(tmp_path).iterdir())
+    """What is served: staging directories (kept for a resume) are not."""
+    return sorted(
+        p.name for p in model_dir(tmp_path).iterdir() if not p.name.startswith(".staging-")
+    )
 
 
 @pytest.fixture

@@ -62,7 +62,10 @@ def model_dir(tmp_path):
 
 
 def listing(tmp_path):
-    return sorted(p.name for p in model_dir(tmp_path).iterdir())
+    """What is served: staging directories (kept for a resume) are not."""
+    return sorted(
+        p.name for p in model_dir(tmp_path).iterdir() if not p.name.startswith(".staging-")
+    )
 
 
 def assert_previous_serves(tmp_path, old):
