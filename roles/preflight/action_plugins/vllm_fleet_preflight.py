@@ -32,6 +32,7 @@ FLEET_VARIABLES = {
     "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url", "fleet_cache_dir",
     "fleet_stacks", "fleet_router", "fleet_router_releases", "fleet_router_client_key",
     "fleet_router_control_key", "fleet_watchdog", "fleet_monitoring", "fleet_node_exporter",
+    "fleet_hf_token", "fleet_modelscope_token",
     "preflight_kv_plan",
     "fleet_memory_utilization",
     "fleet_memory_reserve_bytes",
