@@ -114,6 +114,13 @@ def main() -> None:
     except ImportError as err:
         module.fail_json(msg=f"run this module with the vllm-fleet agent's python: {err}")
     messages: list[str] = []
+
+    def report(message: str) -> None:
+        # Also to the host's journal as it happens (journalctl -f -t
+        # ansible-vllm_fleet_weights): a long fetch shows bytes, rate and ETA while it runs.
+        messages.append(message)
+        module.log(message)
+
     common = {
         "name": params["name"],
         "revision": params["revision"],
@@ -121,7 +128,7 @@ def main() -> None:
         "keep": params["keep"],
         "full_verify": params["verify"] == "full",
         "workers": params["workers"],
-        "report": messages.append,
+        "report": report,
     }
     source = params["source"]
     upstream = params["upstream"] if source == "cache" else source

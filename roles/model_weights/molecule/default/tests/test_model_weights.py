@@ -135,3 +135,9 @@ def test_the_cache_serves_only_installed_revisions(cache, commit):
         assert cache.check_output(code.format(f"-X PUT {base}/{commit}/x")) == "403"
     finally:
         cache.check_output(f"rm -rf {staged}")
+
+
+def test_the_fetch_reported_its_progress_in_the_journal(host, commit):
+    log = host.check_output("journalctl -t ansible-vllm_fleet_weights --no-pager -o cat")
+    line = next(x for x in log.splitlines() if f"fetch smollm2-hf@{commit[:12]} from cache" in x)
+    assert " MB/s eta " in line
