@@ -420,6 +420,10 @@ class RevisionFetch:
             actions.append(f"current -> {self.revision}")
         removed = prune(self.model_dir, self.keep, {self.revision})
         actions.extend(f"pruned {r}" for r in removed)
+        # A partial fetch of a revision no longer pinned would never be resumed.
+        for stale in self.model_dir.glob(f"{STAGING_PREFIX}*"):
+            remove_tree(stale)
+            actions.append(f"removed the unfinished {stale.name}")
         return FetchResult(
             changed=bool(actions),
             path=str(self.target),

@@ -56,7 +56,10 @@ def test_a_model_revision_change_is_a_rolling_upgrade_of_its_engines(repo, capsy
     out = run_apply(repo, since, capsys)
     assert "engine01: rolling upgrade (model smollm2-135m: revision)" in out
     assert "engine02: rolling upgrade (model smollm2-135m: revision)" in out
-    assert f"run: ansible-playbook -i {INVENTORY} {UPGRADE} --limit engine01,engine02,model_cache" in out
+    assert (
+        f"run: ansible-playbook -i {INVENTORY} {UPGRADE} --limit engine01,engine02,model_cache"
+        in out
+    )
     assert out.rstrip().endswith(f"run: ansible-playbook -i {INVENTORY} {SITE}")
 
 

@@ -276,3 +276,15 @@ def test_a_missing_cache_copy_says_to_run_the_cache_play(
 ) -> None:
     with pytest.raises(WeightsError, match="is the cache play done and its server up"):
         cache_fetch(server, mirror, tmp_path / "e", {"source": "mirror"}).run()
+
+
+def test_an_unfinished_fetch_of_a_revision_no_longer_pinned_is_removed(
+    server: RangeServer, mirror: tuple[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "srv"
+    stale = root / "m" / f".staging-{'f' * 64}"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"partial")
+    result = mirror_fetch(mirror, root).run()
+    assert f"removed the unfinished .staging-{'f' * 64}" in result.actions
+    assert not stale.exists()
