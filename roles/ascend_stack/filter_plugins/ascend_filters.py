@@ -81,15 +81,15 @@ def ascend_validate(
             continue
         file, version, sha = (str(pkg.get(k, "")) for k in ("file", "version", "sha256"))
         if not file.endswith(".run") or "/" in file:
-            problems.append(f"host {host}: {key}.{kind}.file={file!r}: must be the .run file name")
+            problems.append(f"host {host}: {key}.{kind}.file={file}: must be the .run file name")
         if not version or f"_{version}" not in file:
             problems.append(
-                f"host {host}: {key}.{kind}.version={version!r} does not match the file name {file!r}; "
+                f"host {host}: {key}.{kind}.version={version} does not match the file name {file}; "
                 "the vendor's file names carry the version: fix the version or the file"
             )
         if not _SHA256.match(sha):
             problems.append(
-                f"host {host}: {key}.{kind}.sha256={sha!r} is not a sha256 (64 lower-case hex); "
+                f"host {host}: {key}.{kind}.sha256={sha} is not a sha256 (64 lower-case hex); "
                 f"put the output of `sha256sum {file}` there"
             )
     cann = {k: str(packages[k].get("version", "")) for k in CANN if isinstance(packages.get(k), dict)}
