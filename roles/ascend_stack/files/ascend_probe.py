@@ -4,12 +4,14 @@ Run on the host by ascend_stack (ansible.builtin.script). Argument: a JSON objec
 {"versions": {kind: path}, "npu_smi": path, "marker": path}. Prints one JSON object.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import sys
 
 
-def first_version(path):
+def first_version(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             for line in handle:
@@ -21,7 +23,7 @@ def first_version(path):
     return ""
 
 
-def main():
+def main() -> None:
     spec = json.loads(sys.argv[1])
     marker = spec["marker"]
     pending = []

@@ -6,6 +6,8 @@ process gets from ld.so.cache) and with the variables of ENV_FILE, the Environme
 engine units read ("service"). The path comes from /proc/self/maps. Prints one JSON object.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import subprocess
@@ -29,11 +31,11 @@ print(json.dumps(out))
 """
 
 
-def read_env_file(path):
+def read_env_file(path: str) -> dict[str, str]:
     env = {}
     with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            line = line.strip()
+        for raw in handle:
+            line = raw.strip()
             if not line or line.startswith("#") or "=" not in line:
                 continue
             key, _, value = line.partition("=")
@@ -43,14 +45,16 @@ def read_env_file(path):
     return env
 
 
-def loaded(libs, env):
-    run = subprocess.run([sys.executable, "-c", CHILD, *libs], env=env, capture_output=True, text=True)
+def loaded(libs: list[str], env: dict[str, str]) -> dict[str, str]:
+    run = subprocess.run(
+        [sys.executable, "-c", CHILD, *libs], env=env, capture_output=True, text=True, check=False
+    )
     if run.returncode != 0:
         return {lib: "loader check failed: " + run.stderr.strip()[-300:] for lib in libs}
     return json.loads(run.stdout)
 
 
-def main():
+def main() -> None:
     env_file, libs = sys.argv[1], sys.argv[2:]
     plain = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     result = {"plain": loaded(["libascend_hal.so"], plain), "service": None}

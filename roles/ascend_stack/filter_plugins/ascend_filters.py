@@ -70,7 +70,10 @@ def ascend_validate(
             f"{source_url!r}: set exactly one (a controller directory or a URL the host can reach)"
         )
     if not isinstance(packages, dict):
-        return [*problems, f"host {host}: {key}={packages!r} must be a mapping of {', '.join(KINDS)}"]
+        return [
+            *problems,
+            f"host {host}: {key}={packages!r} must be a mapping of {', '.join(KINDS)}",
+        ]
     for kind in KINDS:
         pkg = packages.get(kind)
         if not isinstance(pkg, dict):
@@ -92,7 +95,9 @@ def ascend_validate(
                 f"host {host}: {key}.{kind}.sha256={sha} is not a sha256 (64 lower-case hex); "
                 f"put the output of `sha256sum {file}` there"
             )
-    cann = {k: str(packages[k].get("version", "")) for k in CANN if isinstance(packages.get(k), dict)}
+    cann = {
+        k: str(packages[k].get("version", "")) for k in CANN if isinstance(packages.get(k), dict)
+    }
     toolkit = cann.get("toolkit", "")
     for kind in ("ops", "nnal"):
         if toolkit and cann.get(kind) and cann[kind] != toolkit:
