@@ -197,7 +197,7 @@ def test_the_example_inventory_pins_every_package_and_marks_its_placeholders() -
     stacks = yaml.safe_load((REPO / "catalog/stacks.yml").read_text())["fleet_stacks"]
     requires = stacks["ascend-vllm-0.23.0"]["requires"]
     problems = af.ascend_validate(
-        hv["fleet_ascend_packages"], "", hv["fleet_ascend_package_url"], requires, "h"
+        hv["ascend_stack_packages"], "", hv["ascend_stack_package_url"], requires, "h"
     )
     # Only the clearly marked placeholder hashes are refused; versions and names fit the stack.
     assert len(problems) == 5
