@@ -116,19 +116,41 @@ def test_pinned_and_packages_to_change():
     assert f.cuda_packages_to_change(wanted[:1], "580.95.05-1", installed) == []
 
 
+def probe(flag="0", packages="", loaded="580.95.05", nouveau="0"):
+    return f"flag={flag}\npackages={packages}\nloaded={loaded}\nnouveau={nouveau}\n"
+
+
 def test_reboot_reasons():
-    assert f.cuda_reboot_reasons(False, "", "580.95.05", "580.95.05", False) == []
+    assert f.cuda_reboot_reasons(probe(), "580.95.05") == []
     reasons = f.cuda_reboot_reasons(
-        True, "nvidia-kernel-open-580\nnvidia-kernel-open-580\n", "580.82.07", "580.95.05", True
+        probe("1", "nvidia-kernel-open-580 nvidia-kernel-open-580 ", "580.82.07", "1"), "580.95.05"
     )
     assert reasons == [
         "/run/reboot-required is set (nvidia-kernel-open-580)",
         "the loaded NVIDIA kernel module is 580.82.07, the installed driver 580.95.05",
         "the nouveau module is loaded (it is blacklisted from the next boot)",
     ]
-    assert f.cuda_reboot_reasons(False, "", "", "580.95.05", False) == [
+    assert f.cuda_reboot_reasons(probe(loaded=""), "580.95.05") == [
         "no NVIDIA kernel module is loaded (driver 580.95.05 installed)"
     ]
+    with pytest.raises(AnsibleFilterError, match="printed no loaded, nouveau"):
+        f.cuda_reboot_reasons("flag=0\npackages=\n", "580.95.05")
+
+
+def test_unheld_reads_dpkg_query():
+    lines = [
+        "nvidia-driver-580 hold ok installed",
+        "nvidia-open-580 install ok installed",
+        "nvidia-kernel-open-580 hold ok installed",
+    ]
+    wanted = [
+        "nvidia-open-580",
+        "nvidia-driver-580",
+        "nvidia-kernel-open-580",
+        "libnvidia-nscq-580",
+    ]
+    assert f.cuda_unheld(wanted, lines) == ["nvidia-open-580", "libnvidia-nscq-580"]
+    assert f.cuda_unheld(wanted, []) == wanted
 
 
 def test_parse_smi_csv():

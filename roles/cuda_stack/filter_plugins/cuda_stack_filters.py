@@ -131,25 +131,35 @@ def cuda_packages_to_change(
     ]
 
 
-def cuda_reboot_reasons(
-    flag: bool, flag_packages: str, loaded_version: str, driver_version: str, nouveau: bool
-) -> list[str]:
+def cuda_unheld(packages: Sequence[str], selections: Sequence[str]) -> list[str]:
+    """Packages not on hold, from ``dpkg-query --show --showformat='${Package} ${Status}\\n'``."""
+    held = {line.split()[0] for line in selections if line.split()[1:2] == ["hold"]}
+    return [p for p in packages if p not in held]
+
+
+def cuda_reboot_reasons(probe: str, driver_version: str) -> list[str]:
     """Why this host must reboot before the driver can run: [] when it need not.
 
-    ``flag``: /run/reboot-required exists (``flag_packages``: its .pkgs file); ``loaded_version``:
-    the loaded kernel module's version ("" when none is loaded); ``nouveau``: nouveau is loaded.
+    ``probe``: key=value lines (reboot_reasons.yml): flag (1 when /run/reboot-required exists),
+    packages (its .pkgs file), loaded (the loaded kernel module's version, empty when none) and
+    nouveau (1 when the nouveau module is loaded).
     """
+    values = dict(line.split("=", 1) for line in str(probe).splitlines() if "=" in line)
+    missing = {"flag", "packages", "loaded", "nouveau"} - set(values)
+    if missing:
+        raise _FilterError(f"the reboot probe printed no {', '.join(sorted(missing))}: {probe!r}")
     reasons = []
-    if flag:
-        names = ", ".join(sorted(set(flag_packages.split()))) or "no package named"
+    if values["flag"] == "1":
+        names = ", ".join(sorted(set(values["packages"].split()))) or "no package named"
         reasons.append(f"/run/reboot-required is set ({names})")
-    if not loaded_version:
+    loaded = values["loaded"].strip()
+    if not loaded:
         reasons.append(f"no NVIDIA kernel module is loaded (driver {driver_version} installed)")
-    elif loaded_version != driver_version:
+    elif loaded != driver_version:
         reasons.append(
-            f"the loaded NVIDIA kernel module is {loaded_version}, the installed driver {driver_version}"
+            f"the loaded NVIDIA kernel module is {loaded}, the installed driver {driver_version}"
         )
-    if nouveau:
+    if values["nouveau"] == "1":
         reasons.append("the nouveau module is loaded (it is blacklisted from the next boot)")
     return reasons
 
@@ -223,6 +233,7 @@ class FilterModule:
             "cuda_pinned": cuda_pinned,
             "cuda_packages_to_change": cuda_packages_to_change,
             "cuda_reboot_reasons": cuda_reboot_reasons,
+            "cuda_unheld": cuda_unheld,
             "cuda_parse_smi": cuda_parse_smi,
             "cuda_gpu_problems": cuda_gpu_problems,
         }
