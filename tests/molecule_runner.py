@@ -27,6 +27,7 @@ SCENARIOS = [
     "fleet_verify",
     "fleet_upgrade",
     "monitoring",
+    "cuda_stack",
 ]
 
 
