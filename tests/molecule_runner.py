@@ -28,6 +28,7 @@ SCENARIOS = [
     "fleet_upgrade",
     "monitoring",
     "ascend_stack",
+    "cuda_stack",
 ]
 
 
