@@ -190,7 +190,7 @@ def test_a_bad_inventory_is_refused_before_any_host_changes(fresh_lab):
         "fleet_engine_stak='cpu-vllm-0.32.0': unknown variable did you mean 'fleet_engine_stack'?"
         in run.output
     )
-    assert "Engine hosts - runtime, weights, engines" not in run.output
+    assert "Engine hosts - accelerator stack, runtime" not in run.output
     assert {h: r["changed"] for h, r in run.recap().items()} == dict.fromkeys(run.recap(), 0)
     for host in ENGINES:
         assert smoke_in(host).returncode == 0
