@@ -52,7 +52,7 @@ molecule: prepare ## every role's Molecule scenario (real systemd containers, re
 	$(BIN)/python -m tests.molecule_runner
 
 e2e: prepare ## the lab end to end: fresh lab, site.yml, idempotence, corruption, secrets
-	$(BIN)/pytest tests/lab
+	$(BIN)/pytest --durations=40 tests/lab
 
 test: lint unit molecule e2e ## everything CI runs
 

@@ -56,7 +56,14 @@ MIB = 1024**2
 SHARD_BYTES = 512 * MIB  # "a few multi-hundred-MB shards" at the default 4 GiB
 MIN_SHARDS = 3  # so even a small run has more shards than 2 cores
 TOKENIZER_BYTES = 2 * MIB  # a real tokenizer.json is a few MB
-META_NAME = ".bench-hash.json"  # written last: an interrupted generation is not reused
+
+
+# Beside the data set, not in it (verify reports files its manifest does not list); written
+# last, so an interrupted generation is not reused.
+def meta_path(data_dir: Path) -> Path:
+    return data_dir.with_name(data_dir.name + ".json")
+
+
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 TARGET_PARALLEL = 1.8
 TARGET_STAMPED = 50.0
@@ -104,6 +111,7 @@ def write_random(path: Path, size: int) -> ManifestFile:
 
 
 def generate(data_dir: Path, total: int) -> Manifest:
+    meta_path(data_dir).unlink(missing_ok=True)
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     sizes = shard_sizes(total)
@@ -116,14 +124,14 @@ def generate(data_dir: Path, total: int) -> Manifest:
         entries.append(ManifestFile(path=name, size=len(content), sha256=digest))
     manifest = Manifest(model="bench-hash", files=entries)
     (data_dir / MANIFEST_NAME).write_bytes(canonical_json(manifest.model_dump()))
-    (data_dir / META_NAME).write_text(json.dumps({"requested_bytes": total}))
+    meta_path(data_dir).write_text(json.dumps({"requested_bytes": total}))
     return manifest
 
 
 def reusable(data_dir: Path, total: int) -> Manifest | None:
     """The data set's manifest when data_dir holds a complete one of this size."""
     try:
-        meta = json.loads((data_dir / META_NAME).read_text())
+        meta = json.loads(meta_path(data_dir).read_text())
         manifest = Manifest.model_validate_json((data_dir / MANIFEST_NAME).read_bytes())
     except (OSError, ValueError):
         return None
