@@ -45,7 +45,8 @@ lint: collections ## yamllint, ansible-lint (production profile), ruff
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-unit: venv ## unit tests of the vllm_fleet package
+unit: venv ## unit tests of the vllm_fleet package (installs the fixtures' host tools first)
+	$(BIN)/python -m vllm_fleet.lab prepare --only host-packages
 	$(BIN)/pytest tests/unit
 
 molecule: prepare ## every role's Molecule scenario (real systemd containers, real engines)
