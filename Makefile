@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router bench-upgrade plan clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router bench-upgrade bench-hash plan clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -45,14 +45,15 @@ lint: collections ## yamllint, ansible-lint (production profile), ruff
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-unit: venv ## unit tests of the vllm_fleet package
+unit: venv ## unit tests of the vllm_fleet package (installs the fixtures' host tools first)
+	$(BIN)/python -m vllm_fleet.lab prepare --only host-packages
 	$(BIN)/pytest tests/unit
 
 molecule: prepare ## every role's Molecule scenario (real systemd containers, real engines)
 	$(BIN)/python -m tests.molecule_runner
 
 e2e: prepare ## the lab end to end: fresh lab, site.yml, idempotence, corruption, secrets
-	$(BIN)/pytest tests/lab
+	$(BIN)/pytest --durations=40 tests/lab
 
 test: lint unit molecule e2e ## everything CI runs
 
@@ -66,6 +67,10 @@ bench-router: venv ## on the lab: router overhead; prefix-cache hits per policy 
 
 bench-upgrade: venv ## on the lab: a rolling upgrade under load (failed requests, engines serving)
 	$(BIN)/python bench/upgrade_bench.py
+
+BENCH_HASH_GIB ?= 4
+bench-hash: venv ## sha256 verify vs sha256sum, stamped re-verify (BENCH_HASH_GIB=4, data in the cache)
+	$(BIN)/python bench/hash_bench.py --gib $(BENCH_HASH_GIB)
 
 clean: lab-down ## remove the lab and the controller venv (caches stay in $(VLLM_FLEET_CACHE))
 	rm -rf $(VENV) .collections

@@ -27,6 +27,8 @@ SCENARIOS = [
     "fleet_verify",
     "fleet_upgrade",
     "monitoring",
+    "ascend_stack",
+    "cuda_stack",
 ]
 
 

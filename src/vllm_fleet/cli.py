@@ -338,7 +338,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("wheelhouse")
     p.add_argument("--exclude", nargs="*", default=[])
     p.set_defaults(func=_cmd_lock)
+
+    p = sub.add_parser(
+        "model-check", help="are a local model's files complete for vLLM? exit 0 yes, 1 no"
+    )
+    p.add_argument("path", help="a model directory in Hugging Face format")
+    p.set_defaults(func=_cmd_model_check)
     return parser
+
+
+def _cmd_model_check(args: argparse.Namespace) -> int:
+    from vllm_fleet.model_check import main as model_check_main
+
+    return model_check_main(Path(args.path))
 
 
 def main(argv: list[str] | None = None) -> int:

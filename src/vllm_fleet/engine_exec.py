@@ -33,6 +33,7 @@ from vllm_fleet.engine_config import (
     engine_env,
     probe_host,
 )
+from vllm_fleet.model_check import check_model
 from vllm_fleet.router_client import RouterError, router_client
 from vllm_fleet.sd_notify import notify
 
@@ -40,6 +41,10 @@ PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
 ROUTER_TIMEOUT = 3.0
+# EX_CONFIG: the journal shows status=78/CONFIG, which reads as what it is.
+MODEL_INCOMPLETE_EXIT = 78
+# A model missing 40 shards still gets one readable journal line.
+MAX_PROBLEMS_LOGGED = 5
 
 
 def log(message: str) -> None:
@@ -143,8 +148,51 @@ def wait_healthy(url: str, child: subprocess.Popen[bytes], membership: Membershi
     return False
 
 
+def tokenizer_option(extra_args: list[str]) -> tuple[bool, Path | None]:
+    """(skip the tokenizer check, where the tokenizer is) from vLLM's extra arguments.
+
+    A ``--tokenizer`` that is not a path names a hub repository: vLLM resolves it from
+    its own cache, which is not this check's to judge, so it is skipped.
+    """
+    tokenizer: str | None = None
+    for i, arg in enumerate(extra_args):
+        if arg == "--skip-tokenizer-init":
+            return True, None
+        if arg == "--tokenizer" and i + 1 < len(extra_args):
+            tokenizer = extra_args[i + 1]
+        elif arg.startswith("--tokenizer="):
+            tokenizer = arg.split("=", 1)[1]
+    if tokenizer is None:
+        return False, None
+    if tokenizer.startswith(("/", ".")):
+        return False, Path(tokenizer)
+    return True, None
+
+
+def model_refusal(cfg: EngineConfig) -> str | None:
+    """One line saying why vLLM must not start on cfg's model; None when it is complete."""
+    skip, tokenizer = tokenizer_option(cfg.extra_args)
+    problems = check_model(cfg.model_path, tokenizer, skip_tokenizer=skip)
+    if not problems:
+        return None
+    shown = [p.message for p in problems[:MAX_PROBLEMS_LOGGED]]
+    if len(problems) > MAX_PROBLEMS_LOGGED:
+        shown.append(f"and {len(problems) - MAX_PROBLEMS_LOGGED} more")
+    return (
+        f"refusing to start vLLM: model {cfg.model_path} is incomplete: "
+        + "; ".join(shown)
+        + " (re-run the model_weights role, or `vllm-fleet model-check` the directory)"
+    )
+
+
 def run(config_path: Path) -> int:
     cfg = EngineConfig.model_validate_json(config_path.read_text())
+    # Before anything else: vLLM on an incomplete model fails late and obscurely (or
+    # serves garbage); this fails at once with the file named, in the journal.
+    refusal = model_refusal(cfg)
+    if refusal is not None:
+        log(refusal)
+        return MODEL_INCOMPLETE_EXIT
     state_dir = Path(os.environ.get("STATE_DIRECTORY", f"/var/lib/vllm-fleet/engines/{cfg.group}"))
     env = dict(os.environ)
     # vLLM needs its own key (VLLM_API_KEY), never the routers' control key.

@@ -197,7 +197,8 @@ def decide(
         if why:
             decision.upgrade_hosts[host] = why
     if decision.upgrade_hosts:
-        limit = ",".join(sorted(decision.upgrade_hosts))
+        # The cache host too: a new hf/modelscope revision is fetched there first.
+        limit = ",".join([*sorted(decision.upgrade_hosts), "model_cache"])
         decision.playbooks.append(["-i", inventory, UPGRADE, "--limit", limit])
     decision.playbooks.append(["-i", inventory, SITE])
     return decision

@@ -8,21 +8,24 @@ only after that. A failure leaves every existing revision untouched.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from vllm_fleet.hashing import BLOCK_SIZE, sha256_files
-from vllm_fleet.manifest import Manifest, canonical_json
+from vllm_fleet.manifest import Manifest, ManifestFile, canonical_json
 
 MANIFEST_NAME = ".vllm-fleet-manifest.json"
 STAMP_NAME = ".vllm-fleet-verified.json"
@@ -33,6 +36,10 @@ DEFAULT_MARGIN_BYTES = 1024**3
 
 class WeightsError(Exception):
     """A fetch or verification failure, worded for the operator."""
+
+
+class DiskFullError(WeightsError):
+    """The disk filled while staging: what was staged is removed, not kept for a resume."""
 
 
 @dataclass
@@ -83,6 +90,21 @@ def _stat_key(path: Path) -> dict[str, int]:
     return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
 
 
+def tree_entries(root: Path) -> dict[str, os.stat_result]:
+    """Every non-directory entry under root (links not followed), by relative posix path."""
+    found: dict[str, os.stat_result] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        base = Path(dirpath)
+        for name in [*filenames, *(d for d in dirnames if (base / d).is_symlink())]:
+            entry = base / name
+            found[entry.relative_to(root).as_posix()] = entry.lstat()
+    return found
+
+
+# vllm-fleet's own files in a revision directory (and their write-then-rename temporaries).
+OWN_FILES = frozenset({MANIFEST_NAME, STAMP_NAME, f"{MANIFEST_NAME}.tmp", f"{STAMP_NAME}.tmp"})
+
+
 def load_local_manifest(rev_dir: Path) -> Manifest:
     return Manifest.model_validate_json((rev_dir / MANIFEST_NAME).read_text())
 
@@ -99,7 +121,8 @@ def verify_dir(
     """Check every file of manifest under rev_dir; returns the problems found.
 
     Unless ``full``, files whose (size, mtime, inode) match the verified stamp are
-    trusted without re-hashing; that makes re-checking an unchanged model cheap.
+    trusted without re-hashing; that makes re-checking an unchanged model cheap. A file the
+    manifest does not list is a problem too: nothing but vllm-fleet writes there.
     """
     stamp: dict[str, dict[str, int | str]] = {}
     if not full:
@@ -120,6 +143,11 @@ def verify_dir(
         if known and {k: known.get(k) for k in key} == key and known.get("sha256") == entry.sha256:
             continue
         to_hash.append((path, entry.sha256))
+    listed = {entry.path for entry in manifest.files} | OWN_FILES
+    problems.extend(
+        f"{rel}: not in the manifest (unexpected file)"
+        for rel in sorted(set(tree_entries(rev_dir)) - listed)
+    )
     if rehashed is not None:
         rehashed.extend(p for p, _ in to_hash)
     if to_hash:
@@ -166,6 +194,34 @@ def remove_tree(tree: Path) -> None:
         shutil.rmtree(tree)
 
 
+def _tree_bytes(tree: Path) -> int:
+    total = 0
+    for dirpath, _dirnames, filenames in os.walk(tree):
+        for name in filenames:
+            with contextlib.suppress(OSError):
+                total += Path(dirpath, name).stat().st_size
+    return total
+
+
+@contextlib.contextmanager
+def _fetch_lock(root: Path, name: str) -> Iterator[None]:
+    """One fetch per host at a time (two site.yml runs, a hand-run fetch): they would
+    share staging directories and free space."""
+    # The lock is on the models root itself: no lock file to leave behind.
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise WeightsError(
+                f"model {name}: another model fetch is running on this host "
+                f"(it holds a lock on {root}); wait for it to finish and re-run"
+            ) from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def point_current(model_dir: Path, revision: str) -> bool:
     """Atomically point ``<model_dir>/current`` at revision; True when it moved."""
     link = model_dir / CURRENT_LINK
@@ -195,6 +251,61 @@ def prune(model_dir: Path, keep: int, protect: set[str]) -> list[str]:
     return removed
 
 
+def _hash_prefix(dest: Path) -> tuple[Any, int]:
+    digest = hashlib.sha256()
+    done = 0
+    with dest.open("rb") as handle:
+        while block := handle.read(BLOCK_SIZE):
+            digest.update(block)
+            done += len(block)
+    return digest, done
+
+
+def download_resumable(client: httpx.Client, url: str, dest: Path, progress: Progress) -> str:
+    """Stream url into dest, hashing as it writes; returns the sha256 of the whole file.
+
+    A partial dest left by an interrupted run is continued with a Range request (its
+    bytes are hashed first); a server that ignores the range gets a fresh download.
+    A full disk is reported as such: the caller removes what was staged.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest, offset = (hashlib.sha256(), 0)
+    if dest.is_file() and dest.stat().st_size > 0:
+        digest, offset = _hash_prefix(dest)
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    try:
+        with client.stream("GET", url, headers=headers) as response:
+            if offset and response.status_code == 416:
+                # Already complete (or longer than the server's copy): start over, no range.
+                response.close()
+                dest.unlink()
+                return download_resumable(client, url, dest, progress)
+            response.raise_for_status()
+            resumed = offset and response.status_code == 206
+            if not resumed:
+                digest, offset = (hashlib.sha256(), 0)
+            else:
+                progress.add(offset)
+            with dest.open("ab" if resumed else "wb") as out:
+                # As received, not re-chunked: a buffered chunk would be lost when the
+                # connection drops, and a resume would fetch it again.
+                for block in response.iter_bytes():
+                    digest.update(block)
+                    out.write(block)
+                    progress.add(len(block))
+                out.flush()
+                os.fsync(out.fileno())
+    except httpx.HTTPError as err:
+        raise WeightsError(f"download of {url} failed: {err}") from err
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise DiskFullError(
+                f"{dest.name}: no space left on device while writing {dest}"
+            ) from err
+        raise WeightsError(f"{dest.name}: cannot write {dest}: {err.strerror}") from err
+    return digest.hexdigest()
+
+
 class MirrorClient:
     """Reads ``<base_url>/<revision>/...`` from an HTTP(S) mirror."""
 
@@ -215,31 +326,24 @@ class MirrorClient:
         return Manifest.model_validate_json(response.content)
 
     def download(self, revision: str, path: str, dest: Path, progress: Progress) -> str:
-        url = self.url(revision, path)
-        digest = hashlib.sha256()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            with self.client.stream("GET", url) as response, dest.open("wb") as out:
-                response.raise_for_status()
-                for block in response.iter_bytes(BLOCK_SIZE):
-                    digest.update(block)
-                    out.write(block)
-                    progress.add(len(block))
-                out.flush()
-                os.fsync(out.fileno())
-        except httpx.HTTPError as err:
-            raise WeightsError(f"download of {url} failed: {err}") from err
-        return digest.hexdigest()
+        return download_resumable(self.client, self.url(revision, path), dest, progress)
 
     def close(self) -> None:
         self.client.close()
 
 
-@dataclass
-class MirrorFetch:
+@dataclass(kw_only=True)
+class RevisionFetch:
+    """Install one pinned revision of a model, whatever the source.
+
+    A source supplies ``_fetch_into_place``, which fills a staging directory via
+    ``_install``; everything else (the installed check, ``current``, pruning, the
+    free-space check and the atomic rename) is shared, so every source gives the
+    same guarantees.
+    """
+
     name: str
     revision: str
-    base_url: str
     root: Path
     keep: int = 2
     full_verify: bool = False
@@ -259,11 +363,32 @@ class MirrorFetch:
         """Whether the revision is installed and verifies; with the problems if not."""
         if not (self.target / MANIFEST_NAME).is_file():
             return False, ["not installed"]
+        problems = self._provenance_problems(self.target)
+        if problems:
+            return False, problems
         manifest = load_local_manifest(self.target)
         problems = verify_dir(
             self.target, manifest, self.full_verify, self.workers, self.report, rehashed=rehashed
         )
         return not problems, problems
+
+    def wanted(self) -> dict[str, object]:
+        """What, beyond the revision, decides which bytes an install holds (its provenance).
+
+        A mirror revision pins every byte by itself: nothing more to ask for.
+        """
+        return {}
+
+    def _provenance_problems(self, rev_dir: Path) -> list[str]:
+        """Reasons the installed copy is not what this fetch asks for, beyond its bytes."""
+        wanted = self.wanted()
+        if not wanted:
+            return []
+        try:
+            stored = json.loads((rev_dir / MANIFEST_NAME).read_text())
+        except (OSError, ValueError):
+            return ["manifest unreadable"]
+        return provenance_problems(stored, wanted)
 
     def needs_change(self) -> bool:
         ok, _ = self.installed_ok()
@@ -271,12 +396,19 @@ class MirrorFetch:
         return not ok or not (link.is_symlink() and os.readlink(link) == self.revision)
 
     def run(self) -> FetchResult:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _fetch_lock(self.root, self.name):
+            return self._run_locked()
+
+    def _run_locked(self) -> FetchResult:
         actions: list[str] = []
         rehashed: list[Path] = []
         ok, problems = self.installed_ok(rehashed)
         if not ok:
             if problems != ["not installed"]:
-                actions.append("re-fetched damaged local copy: " + "; ".join(problems))
+                # A copy fetched with other settings (repo, file patterns) is not damaged.
+                what = "other" if self._provenance_problems(self.target) else "damaged"
+                actions.append(f"re-fetched {what} local copy: " + "; ".join(problems))
             manifest = self._fetch_into_place()
             actions.append(f"fetched {len(manifest.files)} files")
         elif rehashed:
@@ -288,6 +420,10 @@ class MirrorFetch:
             actions.append(f"current -> {self.revision}")
         removed = prune(self.model_dir, self.keep, {self.revision})
         actions.extend(f"pruned {r}" for r in removed)
+        # A partial fetch of a revision no longer pinned would never be resumed.
+        for stale in self.model_dir.glob(f"{STAGING_PREFIX}*"):
+            remove_tree(stale)
+            actions.append(f"removed the unfinished {stale.name}")
         return FetchResult(
             changed=bool(actions),
             path=str(self.target),
@@ -297,15 +433,62 @@ class MirrorFetch:
             actions=actions,
         )
 
+    def _fetch_into_place(self) -> Manifest:
+        raise NotImplementedError
+
+    @property
+    def staging(self) -> Path:
+        # One staging dir per revision, kept when a download fails so the next run resumes.
+        return self.model_dir / f"{STAGING_PREFIX}{self.revision}"
+
     def _check_free_space(self, needed: int) -> None:
         self.model_dir.mkdir(parents=True, exist_ok=True)
         free = shutil.disk_usage(self.model_dir).free
+        needed -= _tree_bytes(self.staging)
         if free < needed + self.margin_bytes:
             raise WeightsError(
                 f"model {self.name} revision {self.revision}: needs {needed / 1e9:.2f} GB plus "
                 f"{self.margin_bytes / 1e9:.2f} GB margin in {self.model_dir}, only "
                 f"{free / 1e9:.2f} GB free; free space or move model_weights_root"
             )
+
+    def _install(self, fill: Callable[[Path], Manifest], provenance: dict[str, object]) -> Manifest:
+        """Fill the staging dir, record and stamp it, then rename it into place.
+
+        ``fill`` writes the files and returns their verified manifest, or raises; it
+        deletes any staged file that failed verification. Files a failed download left
+        behind stay for the next run to resume; a full disk removes them all.
+        """
+        staging = self.staging
+        staging.mkdir(parents=True, exist_ok=True)
+        try:
+            manifest = fill(staging)
+        except DiskFullError:
+            remove_tree(staging)  # free the disk again; there is nothing worth resuming
+            raise
+        except BaseException:
+            if _tree_bytes(staging) == 0:
+                remove_tree(staging)  # nothing to resume
+            raise
+        _write_private(
+            staging / MANIFEST_NAME,
+            canonical_json({**manifest.model_dump(), **provenance}),
+        )
+        write_stamp(staging, manifest)
+        _make_read_only(staging)
+        if self.target.exists():
+            trash = self.model_dir / f".trash-{self.revision}-{os.getpid()}"
+            self.target.rename(trash)
+            staging.rename(self.target)
+            remove_tree(trash)
+        else:
+            staging.rename(self.target)
+        return manifest
+
+
+@dataclass(kw_only=True)
+class MirrorFetch(RevisionFetch):
+    base_url: str
 
     def _fetch_into_place(self) -> Manifest:
         client = MirrorClient(self.base_url)
@@ -323,61 +506,148 @@ class MirrorFetch:
                     f"model {self.name}: the mirror's manifest is for model {manifest.model!r}"
                 )
             self._check_free_space(manifest.total_bytes)
-            staging = self.model_dir / f"{STAGING_PREFIX}{self.revision}-{os.getpid()}"
-            remove_tree(staging)
-            staging.mkdir(parents=True)
-            try:
+
+            def fill(staging: Path) -> Manifest:
                 self._download_all(client, manifest, staging)
-                _write_private(
-                    staging / MANIFEST_NAME,
-                    canonical_json(
-                        {
-                            **manifest.model_dump(),
-                            "source": "mirror",
-                            "url": self.base_url,
-                            "revision": self.revision,
-                        }
-                    ),
-                )
-                write_stamp(staging, manifest)
-                _make_read_only(staging)
-                if self.target.exists():
-                    trash = self.model_dir / f".trash-{self.revision}-{os.getpid()}"
-                    self.target.rename(trash)
-                    staging.rename(self.target)
-                    remove_tree(trash)
-                else:
-                    staging.rename(self.target)
-            finally:
-                remove_tree(staging)
-            return manifest
+                return manifest
+
+            provenance = {"source": "mirror", "url": self.base_url, "revision": self.revision}
+            return self._install(fill, provenance)
         finally:
             client.close()
 
     def _download_all(self, client: MirrorClient, manifest: Manifest, staging: Path) -> None:
-        progress = Progress(
-            manifest.total_bytes, f"fetch {self.name}@{self.revision[:12]}", self.report
+        download_checked(
+            manifest,
+            staging,
+            lambda path, dest, progress: client.download(self.revision, path, dest, progress),
+            progress=Progress(
+                manifest.total_bytes, f"fetch {self.name}@{self.revision[:12]}", self.report
+            ),
+            workers=self.workers,
+            where=f"model {self.name} revision {self.revision} from {self.base_url}",
+            fix="Fix the mirror copy (or the pinned revision) and re-run.",
         )
-        problems: list[str] = []
 
-        def one(entry_index: int) -> None:
-            entry = manifest.files[entry_index]
-            dest = staging / entry.path
-            got = client.download(self.revision, entry.path, dest, progress)
-            size = dest.stat().st_size
-            if size != entry.size:
-                problems.append(f"{entry.path}: size {size}, expected {entry.size}")
-            elif got != entry.sha256:
-                problems.append(
-                    f"{entry.path}: sha256 mismatch: expected {entry.sha256}, got {got}"
+
+Downloader = Callable[[str, Path, Progress], str]
+
+
+def download_checked(
+    manifest: Manifest,
+    staging: Path,
+    download: Downloader,
+    *,
+    progress: Progress,
+    workers: int,
+    where: str,
+    fix: str,
+) -> None:
+    """Download every manifest file into staging, in parallel, each checked as it lands.
+
+    A file that fails its size or sha256 check is deleted (a resume must not continue
+    bad bytes); one whose download broke off stays, to be resumed. Every file's problem
+    is reported, not only the first. A full disk stops everything at once.
+    """
+    problems: list[str] = []
+
+    def one(entry: ManifestFile) -> None:
+        dest = staging / entry.path
+        if dest.is_file() and dest.stat().st_size > entry.size:
+            dest.unlink()  # longer than the manifest says: not a prefix of the right file
+        try:
+            got = download(entry.path, dest, progress)
+        except DiskFullError:
+            raise
+        except WeightsError as err:
+            problems.append(f"{entry.path}: {err}")
+            return
+        size = dest.stat().st_size
+        if size != entry.size:
+            problems.append(f"{entry.path}: size {size}, expected {entry.size}")
+            dest.unlink()
+        elif got != entry.sha256:
+            problems.append(f"{entry.path}: sha256 mismatch: expected {entry.sha256}, got {got}")
+            dest.unlink()
+
+    # Largest first, so one big file does not start last and run alone.
+    ordered = sorted(manifest.files, key=lambda e: e.size, reverse=True)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        list(pool.map(one, ordered))
+    if problems:
+        raise WeightsError(
+            f"{where}: "
+            + "; ".join(sorted(problems))
+            + f". Nothing was installed; the previous revision stays in place. {fix}"
+        )
+
+
+@dataclass(kw_only=True)
+class CacheFetch(RevisionFetch):
+    """A revision the fleet's cache host fetched from upstream (hf, modelscope) once.
+
+    The cache host serves its models root over HTTP: ``<base_url>/<name>/<revision>/``
+    holds the files and the manifest it wrote after verifying them against the
+    upstream's hashes. This host downloads from there and checks every byte against
+    that manifest, and the manifest's provenance against what the inventory pins.
+    """
+
+    base_url: str
+    upstream: dict[str, object]
+
+    def wanted(self) -> dict[str, object]:
+        return self.upstream
+
+    def _fetch_into_place(self) -> Manifest:
+        url = f"{self.base_url.rstrip('/')}/{self.name}/{self.revision}"
+        client = httpx.Client(timeout=60.0, follow_redirects=True)
+        try:
+            try:
+                response = client.get(f"{url}/{MANIFEST_NAME}")
+                response.raise_for_status()
+                stored = json.loads(response.content)
+                manifest = Manifest.model_validate(stored)
+            except (httpx.HTTPError, ValueError) as err:
+                raise WeightsError(
+                    f"model {self.name}: cannot read the cache host's manifest "
+                    f"{url}/{MANIFEST_NAME}: {err}; is the cache play done and its server up?"
+                ) from err
+            problems = provenance_problems(stored, self.upstream)
+            if problems:
+                raise WeightsError(
+                    f"model {self.name}: the cache host holds a different copy at {url}: "
+                    + "; ".join(problems)
+                    + ". Re-run the cache play (site.yml --tags weights) and then this host."
                 )
+            self._check_free_space(manifest.total_bytes)
 
-        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            list(pool.map(one, range(len(manifest.files))))
-        if problems:
-            raise WeightsError(
-                f"model {self.name} revision {self.revision} from {self.base_url}: "
-                + "; ".join(sorted(problems))
-                + ". Nothing was installed; the previous revision stays in place. "
-                "Fix the mirror copy (or the pinned revision) and re-run."
-            )
+            def fill(staging: Path) -> Manifest:
+                download_checked(
+                    manifest,
+                    staging,
+                    lambda path, dest, progress: download_resumable(
+                        client, f"{url}/{path}", dest, progress
+                    ),
+                    progress=Progress(
+                        manifest.total_bytes,
+                        f"fetch {self.name}@{self.revision[:12]} from cache",
+                        self.report,
+                    ),
+                    workers=self.workers,
+                    where=f"model {self.name} revision {self.revision} from the cache {url}",
+                    fix="Check the cache host's copy (vllm-fleet weights verify --full), re-run.",
+                )
+                return manifest
+
+            return self._install(fill, {**self.upstream, "revision": self.revision, "via": url})
+        finally:
+            client.close()
+
+
+def provenance_problems(stored: dict[str, object], wanted: dict[str, object]) -> list[str]:
+    """How a manifest's recorded origin differs from the one asked for."""
+    return [
+        f"installed with {key}={stored.get(key)!r}, wanted {value!r}"
+        for key, value in wanted.items()
+        if stored.get(key) != value
+    ]

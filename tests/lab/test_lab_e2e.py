@@ -122,6 +122,10 @@ def corrupt_revision(tmp_path):
     actual = hashlib.sha256(bytes(data)).hexdigest()
     yield revision, expected, actual
     shutil.rmtree(mirror_dir / revision)
+    # The good files the failed fetch kept for a resume: the next successful run would remove
+    # them (and report it as a change); later tests start from the converged lab instead.
+    for host in ENGINES:
+        in_host(host, "rm", "-rf", f"/srv/models/smollm2-135m/.staging-{revision}")
 
 
 def test_corrupt_weights_fail_the_run_and_the_previous_revision_keeps_serving(
@@ -138,9 +142,15 @@ def test_corrupt_weights_fail_the_run_and_the_previous_revision_keeps_serving(
     assert run.returncode != 0
     assert f"model.safetensors: sha256 mismatch: expected {expected}, got {actual}" in run.output
     old = pinned_revision()
+    staging = f"/srv/models/smollm2-135m/.staging-{revision}"
     for host in ENGINES:
         listing = in_host(host, "ls", "-A", "/srv/models/smollm2-135m").stdout.split()
-        assert sorted(listing) == sorted(["current", old]), listing
+        # Served: only the old revision. Staged for a resume: the files that verified, never
+        # the corrupt one.
+        assert sorted(listing) == sorted(["current", old, f".staging-{revision}"]), listing
+        staged = in_host(host, "ls", "-A", staging).stdout.split()
+        assert "config.json" in staged
+        assert "model.safetensors" not in staged
         assert in_host(host, "readlink", "/srv/models/smollm2-135m/current").stdout.strip() == old
         assert str(engine_settings(host)["model_path"]).endswith(old)
         smoke = smoke_in(host)
@@ -190,7 +200,7 @@ def test_a_bad_inventory_is_refused_before_any_host_changes(fresh_lab):
         "fleet_engine_stak='cpu-vllm-0.32.0': unknown variable did you mean 'fleet_engine_stack'?"
         in run.output
     )
-    assert "Engine hosts - runtime, weights, engines" not in run.output
+    assert "Engine hosts - accelerator stack, runtime" not in run.output
     assert {h: r["changed"] for h, r in run.recap().items()} == dict.fromkeys(run.recap(), 0)
     for host in ENGINES:
         assert smoke_in(host).returncode == 0

@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from tests.unit.conftest import make_model
+
 FIXTURE_VLLM = textwrap.dedent(
     """\
     #!{python}
@@ -66,7 +68,8 @@ def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
         "accelerator": "cpu",
         "stack": "s",
         "stack_dir": str(write_stack(tmp_path)),
-        "model_path": "/srv/models/m/r",
+        # engine-run refuses incomplete models before starting vLLM: give it a complete one.
+        "model_path": str(make_model(tmp_path / "model")),
         "served_name": "m",
         "port": 8100,
         "devices": [0, 1],
@@ -83,7 +86,8 @@ def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
     )
     wait_for(state / "ready")
     grandchild = int((state / "grandchild").read_text())
-    assert (state / "argv").read_text().startswith("serve /srv/models/m/r --served-model-name m")
+    argv = (state / "argv").read_text()
+    assert argv.startswith(f"serve {cfg['model_path']} --served-model-name m")
     assert (state / "env").read_text() == "0-1"
 
     wrapper.send_signal(signal.SIGTERM)

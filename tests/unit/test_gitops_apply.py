@@ -56,7 +56,10 @@ def test_a_model_revision_change_is_a_rolling_upgrade_of_its_engines(repo, capsy
     out = run_apply(repo, since, capsys)
     assert "engine01: rolling upgrade (model smollm2-135m: revision)" in out
     assert "engine02: rolling upgrade (model smollm2-135m: revision)" in out
-    assert f"run: ansible-playbook -i {INVENTORY} {UPGRADE} --limit engine01,engine02" in out
+    assert (
+        f"run: ansible-playbook -i {INVENTORY} {UPGRADE} --limit engine01,engine02,model_cache"
+        in out
+    )
     assert out.rstrip().endswith(f"run: ansible-playbook -i {INVENTORY} {SITE}")
 
 
@@ -68,7 +71,7 @@ def test_one_hosts_engine_settings_upgrade_only_that_host(repo, capsys):
     out = run_apply(repo, since, capsys)
     assert "engine02: rolling upgrade (engine group settings)" in out
     assert "engine01" not in out
-    assert f"{UPGRADE} --limit engine02" in out
+    assert f"{UPGRADE} --limit engine02,model_cache" in out
 
 
 def test_a_router_setting_change_is_site_yml_only(repo, capsys):
@@ -101,4 +104,4 @@ def test_a_base_commit_missing_from_the_repository_is_upgraded(repo, capsys):
     assert (
         "engine01: rolling upgrade (its base commit ffffffffffff is not in this repository)" in out
     )
-    assert f"{UPGRADE} --limit engine01,engine02" in out
+    assert f"{UPGRADE} --limit engine01,engine02,model_cache" in out

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.unit.test_weights_filters import filters as weights_filters
+
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = yaml.safe_load((ROOT / "roles/vllm_engine/meta/argument_specs.yml").read_text())
 GROUP_OPTIONS = SPEC["argument_specs"]["main"]["options"]["vllm_engine_groups"]["options"]
@@ -41,8 +43,8 @@ def test_engine_groups_fit_the_role_spec(inventory):
         for group in hv["fleet_engine_groups"]:
             assert set(group) >= REQUIRED, (host, group["name"])
             assert set(group) <= set(GROUP_OPTIONS), (host, set(group) - set(GROUP_OPTIONS))
-            model = hv["fleet_models"][group["model"]]
-            assert len(model["revision"]) == 64
+            # Each model can be fetched as written: pinned, with its source's settings.
+            assert weights_filters.spec_problems(group["model"], hv["fleet_models"]) == []
 
 
 @pytest.mark.parametrize("inventory", ["example-cuda", "example-ascend"])
@@ -50,3 +52,20 @@ def test_examples_keep_the_key_in_vault(inventory):
     for hv in hostvars(inventory).values():
         for key in ("fleet_engine_api_key", "fleet_router_client_key", "fleet_router_control_key"):
             assert set(hv[key]) == {"__ansible_vault"}, key
+        if any(m.get("source") == "hf" for m in hv["fleet_models"].values()):
+            assert set(hv["fleet_hf_token"]) == {"__ansible_vault"}
+
+
+def test_the_cuda_example_fetches_from_the_hub_once_through_its_cache_host():
+    hv = hostvars("example-cuda")
+    model = hv["h100-01.infer.example.internal"]["fleet_models"]["llama-3.1-70b-instruct"]
+    assert model["source"] == "hf"
+    assert (
+        weights_filters.fetch_args(
+            "llama-3.1-70b-instruct",
+            hv["h100-01.infer.example.internal"]["fleet_models"],
+            "http://cache01:8090",
+        )["source"]
+        == "cache"
+    )
+    assert "cache01.infer.example.internal" in hv

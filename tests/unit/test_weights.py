@@ -73,7 +73,10 @@ def test_corrupt_mirror_file_names_file_and_both_hashes_and_installs_nothing(mir
     message = str(err.value)
     assert f"model.safetensors: sha256 mismatch: expected {expected}, got " in message
     assert "previous revision stays in place" in message
-    assert [p.name for p in (tmp_path / "srv" / "m").iterdir()] == []
+    served = [p.name for p in (tmp_path / "srv" / "m").iterdir()]
+    assert [name for name in served if not name.startswith(".staging-")] == []
+    # The bad file is not kept for a resume; good files may be.
+    assert not list((tmp_path / "srv" / "m").glob(".staging-*/model.safetensors"))
 
 
 def load_local_manifest_from_mirror(rev_dir):
@@ -90,7 +93,8 @@ def test_failed_new_revision_leaves_previous_revision_and_current(mirror, http_d
     with pytest.raises(WeightsError, match="sha256 mismatch"):
         fetch(mirror, tmp_path, revision=new).run()
     model_dir = tmp_path / "srv" / "m"
-    assert sorted(p.name for p in model_dir.iterdir()) == sorted(["current", old])
+    served = sorted(p.name for p in model_dir.iterdir() if not p.name.startswith(".staging-"))
+    assert served == sorted(["current", old])
     assert os.readlink(model_dir / "current") == old
     assert verify_dir(model_dir / old, load_local_manifest(model_dir / old), True, 2) == []
 

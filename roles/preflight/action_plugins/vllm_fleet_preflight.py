@@ -33,6 +33,7 @@ FLEET_VARIABLES = {
     "fleet_stacks", "fleet_router", "fleet_router_releases", "fleet_router_client_key",
     "fleet_router_control_key", "fleet_watchdog", "fleet_monitoring", "fleet_node_exporter",
     "fleet_engine_runtime_source", "fleet_index_url", "fleet_ascend_index_url",
+    "fleet_hf_token", "fleet_modelscope_token",
     "preflight_kv_plan",
     "fleet_memory_utilization",
     "fleet_memory_reserve_bytes",

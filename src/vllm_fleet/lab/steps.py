@@ -19,6 +19,10 @@ from vllm_fleet.publish import publish
 from vllm_fleet.wheel_lock import lock_lines, parse_lock
 
 HOST_PACKAGES = ["podman", "runc", "iptables", "netavark", "aardvark-dns", "mmdebstrap"]
+# The accelerator roles' fixtures are built on the controller: gcc and readelf (ascend's .so
+# files), dpkg-dev and gnupg (cuda's signed apt repository).
+FIXTURE_PACKAGES = ["gcc", "binutils", "dpkg-dev", "gnupg", "gpgv"]
+FIXTURE_TOOLS = ("gcc", "readelf", "dpkg-deb", "dpkg-scanpackages", "gpg", "gpgv")
 BASE_IMAGE = "localhost/vllm-fleet-lab:bookworm"
 IMAGE_PACKAGES = [
     "systemd",
@@ -72,12 +76,13 @@ def downloaded_wheel(requirement: str, dest: Path, pattern: str) -> Path:
 
 
 def host_packages(_paths: LabPaths) -> None:
-    missing = [p for p in ("podman", "mmdebstrap", "runc") if shutil.which(p) is None]
+    tools = ("podman", "mmdebstrap", "runc", *FIXTURE_TOOLS)
+    missing = [p for p in tools if shutil.which(p) is None]
     if not missing and Path("/usr/sbin/iptables").exists():
         return
     run(["apt-get", "update", "-qq"])
     run(
-        ["apt-get", "install", "-y", "-qq", *HOST_PACKAGES],
+        ["apt-get", "install", "-y", "-qq", *HOST_PACKAGES, *FIXTURE_PACKAGES],
         env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
     )
 

@@ -28,16 +28,28 @@ MODEL_KEYS = (
     "source",
     "url",
     "repo",
+    "endpoint",
+    "allow_patterns",
+    "ignore_patterns",
+    "path",
+    "manifest",
     "revision",
     "served_name",
     "config",
     "weight_bytes",
     "ttft_p99_threshold_seconds",
 )
-PINNED = {"mirror": re.compile(r"^[0-9a-f]{64}$"), "hf": re.compile(r"^[0-9a-f]{40}$")}
+PINNED = {
+    "mirror": re.compile(r"^[0-9a-f]{64}$"),
+    "local": re.compile(r"^[0-9a-f]{64}$"),
+    "hf": re.compile(r"^[0-9a-f]{40}$"),
+    "modelscope": re.compile(r"^[0-9a-f]{40}$"),
+}
 PIN_FIX = {
     "mirror": "pin the 64-hex sha256 of the mirror's manifest.json (vllm-fleet weights publish prints it)",
+    "local": "pin the 64-hex sha256 of the staged manifest.json (vllm-fleet weights publish prints it)",
     "hf": "pin a 40-hex commit sha (a branch or tag can move under you)",
+    "modelscope": "pin a 40-hex commit id (a branch or tag can move under you)",
 }
 GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 GIB = 1024**3

@@ -1,12 +1,14 @@
-"""The weights model_weights installed are complete, verified, read-only and detectably intact."""
+"""The weights model_weights installed are complete, verified, read-only and detectably intact;
+an hf model reached the engine host through the cache host only."""
 
 import json
 from pathlib import Path
 
+import pytest
 import yaml
-from tests.molecule_hosts import podman_hosts
+from tests.molecule_hosts import podman_host
 
-testinfra_hosts = podman_hosts()
+testinfra_hosts = ["podman://vf-model-weights"]
 
 ROOT = Path(__file__).resolve().parents[5]
 REVISION = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/models.yml").read_text())[
@@ -66,3 +68,76 @@ def test_a_flipped_byte_is_found_with_both_hashes(host):
     assert f"model.safetensors: sha256 mismatch: expected {expected}, got " in result.stdout
     # The stamp path must not trust a file whose mtime changed either.
     assert host.run("vllm-fleet weights verify /tmp/tamper").rc == 1
+
+
+# --- the hf model, fetched once by the cache host -------------------------------------------
+
+HF_ROOT = "/srv/models/smollm2-hf"
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return podman_host("vf-model-cache")
+
+
+@pytest.fixture(scope="module")
+def commit(cache):
+    return cache.file("/run/vf-test-hub.commit").content_string.strip()
+
+
+def test_the_hf_model_came_from_the_cache_host_with_its_hub_provenance(host, commit):
+    data = json.loads(host.file(f"{HF_ROOT}/{commit}/.vllm-fleet-manifest.json").content_string)
+    assert data["source"] == "hf"
+    assert data["repo"] == "lab/smollm2"
+    assert data["revision"] == commit
+    assert data["via"] == f"http://vf-model-cache:8090/smollm2-hf/{commit}"
+    assert host.file(f"{HF_ROOT}/current").linked_to == f"{HF_ROOT}/{commit}"
+    # The same bytes as the mirror's copy: both verified against their own hashes.
+    mirrored = {f["path"]: f["sha256"] for f in manifest(host)["files"]}
+    for entry in data["files"]:
+        assert mirrored[entry["path"]] == entry["sha256"]
+    out = host.check_output(f"vllm-fleet weights verify --full {HF_ROOT}/{commit}")
+    assert out.endswith("verified")
+
+
+def address_of(node):
+    out = node.check_output("ip -4 -o addr show scope global | awk '{print $4}'")
+    return out.split("/")[0]
+
+
+def test_only_the_cache_host_can_reach_the_hub(host, cache):
+    probe = "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8089/api/models/lab/smollm2')\""
+    assert host.run(probe).rc != 0
+    assert cache.run(probe).rc == 0
+
+
+def test_the_engine_host_downloaded_the_weights_from_the_cache(host, cache, commit):
+    log = cache.file("/var/log/nginx/vllm-fleet-model-cache.access.log").content_string
+    address = address_of(host)
+    wanted = f'GET /smollm2-hf/{commit}/model.safetensors HTTP/1.1" 200 '
+    assert any(line.startswith(address) and wanted in line for line in log.splitlines()), log
+
+
+def test_the_cache_serves_on_its_own_address_only(cache):
+    listeners = cache.check_output("ss -Hltn | awk '{print $4}'").split()
+    ours = [sock for sock in listeners if sock.rsplit(":", 1)[1] in ("8090", "80")]
+    assert ours == [f"{address_of(cache)}:8090"]  # never nginx's default site on :80
+
+
+def test_the_cache_serves_only_installed_revisions(cache, commit):
+    staged = "/srv/model-cache/smollm2-hf/.staging-x"
+    cache.check_output(f"mkdir -p {staged} && echo t > {staged}/f")
+    base = f"http://{address_of(cache)}:8090/smollm2-hf"
+    code = "curl -s -o /dev/null -w '%{{http_code}}' {}"
+    try:
+        assert cache.check_output(code.format(f"{base}/.staging-x/f")) == "404"
+        assert cache.check_output(code.format(f"{base}/{commit}/config.json")) == "200"
+        assert cache.check_output(code.format(f"-X PUT {base}/{commit}/x")) == "403"
+    finally:
+        cache.check_output(f"rm -rf {staged}")
+
+
+def test_the_fetch_reported_its_progress_in_the_journal(host, commit):
+    log = host.check_output("journalctl -t ansible-vllm_fleet_weights --no-pager -o cat")
+    line = next(x for x in log.splitlines() if f"fetch smollm2-hf@{commit[:12]} from cache" in x)
+    assert " MB/s eta " in line

@@ -1,0 +1,134 @@
+"""The model_weights role, run for real on the controller against the Hub fixture (paths in a
+temporary directory): an hf model with a Vault token is installed, the token never shows in
+the -vvv output, a second run changes nothing, check mode changes nothing, and a bad model
+setting is refused before anything is created."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.fixtures.hub_server import FakeHub
+
+ROOT = Path(__file__).resolve().parents[2]
+RECAP = re.compile(r"changed=(\d+)")
+TOKEN = "hf_roleSecret0123456789abcdefXYZ"
+REPO = "org/role-model"
+
+
+@pytest.fixture
+def hub():
+    with FakeHub(REPO) as server:
+        server.require_token(TOKEN)
+        yield server
+
+
+def commit(hub: FakeHub, seed: int) -> str:
+    files = {
+        "config.json": b'{"model_type": "llama", "seed": %d}\n' % seed,
+        "tokenizer.json": b'{"version": "1.0"}\n',
+        "model.safetensors": random.Random(seed).randbytes(400_000),
+    }
+    return hub.commit(files, lfs=["model.safetensors"])
+
+
+def run_role(tmp_path: Path, model: dict[str, object], *args: str) -> tuple[int, int, str]:
+    variables = {
+        "fleet_engine_groups": [{"name": "g0", "model": "m"}],
+        "fleet_models": {"m": {"served_name": "m", **model}},
+        "fleet_hf_token": TOKEN,
+        "model_weights_root": str(tmp_path / "models"),
+        "model_weights_agent_python": sys.executable,
+        "model_weights_workers": 2,
+    }
+    (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
+    play = [
+        {
+            "name": "Weights",
+            "hosts": "engine01",
+            "gather_facts": False,
+            "vars_files": [str(tmp_path / "vars.yml")],
+            "roles": [{"role": "model_weights"}],
+        }
+    ]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
+    env.pop("HF_TOKEN", None)
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i", "engine01,", "-c", "local",
+            "-e", f"ansible_python_interpreter={sys.executable}",
+            str(tmp_path / "play.yml"), *args,
+        ],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    changed = [int(n) for n in RECAP.findall(proc.stdout)]
+    return proc.returncode, changed[-1] if changed else -1, proc.stdout + proc.stderr
+
+
+def test_hf_model_with_a_vault_token_installs_and_the_token_never_shows(hub, tmp_path):
+    sha = commit(hub, 1)
+    model = {"source": "hf", "repo": REPO, "revision": sha, "endpoint": hub.endpoint}
+    rc, changed, out = run_role(tmp_path, model, "-vvv")
+    assert rc == 0, out[-3000:]
+    assert changed == 2  # models root, the fetch
+    installed = tmp_path / "models" / "m" / sha
+    assert (installed / "model.safetensors").stat().st_size == 400_000
+    assert os.readlink(tmp_path / "models" / "m" / "current") == sha
+    # The Hub saw the token on its API calls; the output with -vvv never did.
+    assert hub.count("hub") > 0
+    assert all(r.auth == "valid" for r in hub.requests if r.server == "hub")
+    assert TOKEN not in out
+    assert "VALUE_SPECIFIED_IN_NO_LOG_PARAMETER" in out  # masked where it was passed
+    for path in installed.rglob("*"):
+        if path.is_file():
+            assert TOKEN.encode() not in path.read_bytes(), path
+
+    rc, changed, out = run_role(tmp_path, model)
+    assert (rc, changed) == (0, 0), out[-3000:]
+
+    # A new pin in check mode: reported as a change, nothing fetched or moved.
+    newer = commit(hub, 2)
+    hub.reset_requests()
+    rc, changed, out = run_role(tmp_path, {**model, "revision": newer}, "--check", "--diff")
+    assert (rc, changed) == (0, 1), out[-3000:]
+    assert not (tmp_path / "models" / "m" / newer).exists()
+    assert os.readlink(tmp_path / "models" / "m" / "current") == sha
+    assert hub.count("cdn") == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "wanted"),
+    [
+        (
+            {"source": "hf", "repo": REPO, "revision": "main"},
+            "fleet_models.m.revision='main' is not pinned for source=hf: pin a 40-hex commit sha",
+        ),
+        (
+            {"source": "hf", "revision": "a" * 40},
+            "fleet_models.m.repo is required for source=hf",
+        ),
+        (
+            {"source": "s3", "revision": "a" * 40},
+            "fleet_models.m.source='s3' is not a source this role fetches; use one of mirror,",
+        ),
+        (
+            {"source": "local", "path": "/staged", "revision": "a" * 64, "allow_patterns": "*"},
+            "fleet_models.m.allow_patterns='*' must be a list of glob patterns",
+        ),
+    ],
+)
+def test_a_bad_model_setting_is_refused_before_any_change(tmp_path, model, wanted):
+    rc, changed, out = run_role(tmp_path, model)
+    assert rc != 0
+    assert "host engine01: " + wanted in " ".join(out.split()), out[-3000:]
+    assert changed == 0
+    assert not (tmp_path / "models").exists()
