@@ -275,22 +275,7 @@ def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=_cmd_apply)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__)
-    parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("engine-run", help="run one engine group (systemd's main process)")
-    p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
-    p.set_defaults(func=_cmd_engine_run)
-
-    p = sub.add_parser("smoke", help="smoke-test one engine group on this host")
-    p.add_argument("--config", required=True)
-    p.add_argument("--env-file", required=True, help="EnvironmentFile holding VLLM_API_KEY")
-    p.add_argument("--address", default="127.0.0.1")
-    p.add_argument("--timeout", type=float, default=120.0)
-    p.set_defaults(func=_cmd_smoke)
-
+def _add_weights(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     weights = sub.add_parser(
         "weights", help="model weights: publish, fetch, verify"
     ).add_subparsers(dest="weights_command", required=True)
@@ -316,6 +301,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--full", action="store_true")
     p.add_argument("--workers", type=int, default=4)
     p.set_defaults(func=_cmd_verify)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__)
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("engine-run", help="run one engine group (systemd's main process)")
+    p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
+    p.set_defaults(func=_cmd_engine_run)
+
+    p = sub.add_parser("smoke", help="smoke-test one engine group on this host")
+    p.add_argument("--config", required=True)
+    p.add_argument("--env-file", required=True, help="EnvironmentFile holding VLLM_API_KEY")
+    p.add_argument("--address", default="127.0.0.1")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.set_defaults(func=_cmd_smoke)
+
+    _add_weights(sub)
 
     p = sub.add_parser("model-info", help="config.json and weight bytes (from safetensors headers)")
     p.add_argument("path", help="an installed model revision directory")
