@@ -111,6 +111,27 @@ def _cmd_lock_resolve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_wheelhouse(args: argparse.Namespace) -> int:
+    import yaml
+
+    from vllm_fleet.wheelhouse import WheelhouseError, build_wheelhouse
+
+    root = Path(args.root)
+    stacks = yaml.safe_load((root / "catalog" / "stacks.yml").read_text())["fleet_stacks"]
+    if args.stack not in stacks:
+        print(f"unknown stack {args.stack}; catalog/stacks.yml has {', '.join(stacks)}")
+        return 2
+    try:
+        dest = build_wheelhouse(
+            args.stack, stacks[args.stack], root, Path(args.dest), args.index_url
+        )
+    except WheelhouseError as error:
+        print(f"wheelhouse: {error}", file=sys.stderr)
+        return 1
+    print(f"{dest}: {len(list(dest.glob('*.whl')))} wheels of {args.stack}")
+    return 0
+
+
 def _cmd_fleet_verify(args: argparse.Namespace) -> int:
     import os
 
@@ -247,6 +268,18 @@ def _add_lock_resolve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(func=_cmd_lock_resolve)
 
 
+def _add_wheelhouse(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "wheelhouse",
+        help="download a stack's locked wheels by hash and build its sdist-only ones",
+    )
+    p.add_argument("stack", help="a key of catalog/stacks.yml")
+    p.add_argument("dest", help="the wheelhouse directory (publish it as fleet_wheelhouse_url)")
+    p.add_argument("--root", default=".", help="the bundle's directory (catalog/)")
+    p.add_argument("--index-url", default="https://pypi.org/simple", help="where sdists come from")
+    p.set_defaults(func=_cmd_wheelhouse)
+
+
 def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "plan",
@@ -337,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_traffic(sub)
     _add_plan(sub)
     _add_lock_resolve(sub)
+    _add_wheelhouse(sub)
 
     p = sub.add_parser("lock", help="print a hash lock for a wheelhouse")
     p.add_argument("wheelhouse")

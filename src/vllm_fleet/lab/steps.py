@@ -11,12 +11,11 @@ import zipfile
 from pathlib import Path
 
 import yaml
-from packaging.utils import parse_wheel_filename
 
-from vllm_fleet.hashing import sha256_file
 from vllm_fleet.lab.paths import LabPaths
 from vllm_fleet.publish import publish
-from vllm_fleet.wheel_lock import lock_lines, parse_lock
+from vllm_fleet.wheel_lock import MANYLINUX_X86_64, lock_lines
+from vllm_fleet.wheelhouse import build_wheelhouse, download_locked
 
 HOST_PACKAGES = ["podman", "runc", "iptables", "netavark", "aardvark-dns", "mmdebstrap"]
 # The accelerator roles' fixtures are built on the controller: gcc and readelf (ascend's .so
@@ -47,10 +46,6 @@ CONVERT_PACKAGES = [
     "gguf==0.19.0",
     "accelerate==1.15.0",
     "safetensors==0.8.0",
-]
-# pip 23 does not expand manylinux tags for --platform: name each one.
-MANYLINUX_TAGS = ["manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64"] + [
-    f"manylinux_2_{minor}_x86_64" for minor in range(5, 37)
 ]
 
 
@@ -136,83 +131,25 @@ def load_stacks(paths: LabPaths) -> dict[str, dict[str, object]]:
     return data["fleet_stacks"]
 
 
-def _download_locked(lock: Path, dest: Path, pip_args: list[str]) -> None:
-    wanted = parse_lock(lock.read_text())
-    have = set()
-    if dest.is_dir():
-        have = {line.split(" ")[0] for line in lock_lines(dest, set())}
-    if all(f"{name}=={version}" in have for name, (version, _h) in wanted.items()):
-        return
-    dest.mkdir(parents=True, exist_ok=True)
-    download = ["download", "-q", "--no-deps", "--require-hashes", "--only-binary=:all:"]
-    pip(*download, "-d", str(dest), "-r", str(lock), *pip_args)
-
-
-def local_find_links() -> list[Path]:
-    """Directories pip is configured to find wheels in (e.g. a pre-seeded torch+cpu)."""
-    values = os.environ.get("PIP_FIND_LINKS", "").split()
-    listing = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
-    ).stdout
-    for line in listing.splitlines():
-        key, _, value = line.partition("=")
-        if key.endswith("find-links"):
-            values += value.strip("'\"").split()
-    dirs = [Path(v.removeprefix("file://")) for v in values if not v.startswith("http")]
-    return [d for d in dirs if d.is_dir()]
-
-
-def seed_local_wheels(lock: Path, dest: Path) -> set[str]:
-    """Copy locked wheels found in local find-links dirs into dest; returns their names."""
-    wanted = parse_lock(lock.read_text())
-    seeded = set()
-    dest.mkdir(parents=True, exist_ok=True)
-    for directory in local_find_links():
-        for wheel in directory.glob("*.whl"):
-            name, version, _build, _tags = parse_wheel_filename(wheel.name)
-            if wanted.get(name, ("", ""))[0] != str(version):
-                continue
-            if sha256_file(wheel) == wanted[name][1]:
-                if not (dest / wheel.name).exists():
-                    shutil.copyfile(wheel, dest / wheel.name)
-                seeded.add(name)
-    return seeded
-
-
 def wheelhouse(paths: LabPaths, stack: str) -> None:
-    spec = load_stacks(paths)[stack]
-    lock = paths.repo / str(spec["lock"])
-    dest = paths.wheels / stack
-    seeded = seed_local_wheels(lock, dest)
-    # Local-version wheels (torch==X+cpu) come from an extra index unless seeded locally.
-    need_index = any(
-        "+" in version and name not in seeded
-        for name, (version, _h) in parse_lock(lock.read_text()).items()
-    )
-    platform = [arg for tag in MANYLINUX_TAGS for arg in ("--platform", tag)]
-    pip_args = ["--python-version", str(spec["python"]), "--implementation", "cp", *platform]
-    if need_index:
-        pip_args += [
-            a for url in spec.get("extra_index_urls", []) for a in ("--extra-index-url", url)
-        ]
-    _download_locked(lock, dest, pip_args)
+    build_wheelhouse(stack, load_stacks(paths)[stack], paths.repo, paths.wheels / stack)
 
 
 def router_wheelhouses(paths: LabPaths) -> None:
     """Every router release's locked wheels (pure PyPI: no extra index needed)."""
     releases = yaml.safe_load((paths.catalog / "routers.yml").read_text())["fleet_router_releases"]
-    platform = [arg for tag in MANYLINUX_TAGS for arg in ("--platform", tag)]
+    platform = [arg for tag in MANYLINUX_X86_64 for arg in ("--platform", tag)]
     for spec in releases.values():
         pip_args = ["--python-version", str(spec["python"]), "--implementation", "cp", *platform]
         lock = paths.repo / str(spec["lock"])
-        _download_locked(lock, paths.wheels / str(spec["release"]), pip_args)
+        download_locked(lock.read_text(), paths.wheels / str(spec["release"]), pip_args)
 
 
 def agent(paths: LabPaths) -> None:
     """Build the vllm_fleet wheel and the agent lock (its pinned deps + its own hash)."""
     dest = paths.wheels / "agent"
     deps_lock = paths.catalog / "locks" / "agent-deps.lock"
-    _download_locked(deps_lock, dest, [])
+    download_locked(deps_lock.read_text(), dest, [])
     for old in dest.glob("vllm_fleet-*.whl"):
         old.unlink()
     # A fixed SOURCE_DATE_EPOCH makes the wheel, and so its hash in the lock, reproducible.
