@@ -22,7 +22,7 @@ def _cmd_engine_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine_config import EngineConfig
+    from vllm_fleet.engine_config import EngineConfig, probe_host
     from vllm_fleet.env_file import read_env_file
     from vllm_fleet.smoke import run_smoke
 
@@ -31,7 +31,8 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     if not key:
         print(f"{args.env_file}: no VLLM_API_KEY", file=sys.stderr)
         return 2
-    result = run_smoke(f"http://{args.address}:{cfg.port}", key, cfg.served_name, args.timeout)
+    address = args.address or probe_host(cfg)
+    result = run_smoke(f"http://{address}:{cfg.port}", key, cfg.served_name, args.timeout)
     print(result.summary())
     return 0 if result.ok else 1
 
@@ -348,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("smoke", help="smoke-test one engine group on this host")
     p.add_argument("--config", required=True)
     p.add_argument("--env-file", required=True, help="EnvironmentFile holding VLLM_API_KEY")
-    p.add_argument("--address", default="127.0.0.1")
+    p.add_argument("--address", help="default: where the group listens (loopback if all)")
     p.add_argument("--timeout", type=float, default=120.0)
     p.set_defaults(func=_cmd_smoke)
 

@@ -96,6 +96,12 @@ def fresh_lab() -> Iterator[PlaybookRun]:
     yield first
 
 
+@pytest.fixture(scope="session")
+def second_run(fresh_lab: PlaybookRun) -> PlaybookRun:
+    """site.yml again on the converged lab, at -vvv (the secrets test reads its output)."""
+    return playbook("site.yml", "-vvv")
+
+
 def smoke_in(
     host: str, env_file: str = "/etc/vllm-fleet/engines/g0.env"
 ) -> subprocess.CompletedProcess[str]:

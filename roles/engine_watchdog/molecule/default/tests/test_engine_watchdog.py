@@ -114,8 +114,9 @@ def test_a_hung_engine_is_restarted_and_recovers(host):
     assert host.run(f"test -d /proc/{server}").rc != 0, "the hung process is still there"
     # It answers a real completion again.
     body = json.dumps({"model": "smollm2", "prompt": "Hello", "max_tokens": 2})
+    address = json.loads(host.file("/etc/vllm-fleet/engines/g0.json").content_string)["host"]
     status = host.check_output(
-        "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8100/v1/completions "
+        f"curl -s -o /dev/null -w '%{{http_code}}' http://{address}:8100/v1/completions "
         f"-H 'Authorization: Bearer {KEY}' -H 'Content-Type: application/json' -d '{body}'"
     )
     assert status == "200"

@@ -13,8 +13,14 @@ CHAT = json.dumps(
 )
 
 
+def engine_address(host):
+    """Where the group listens: the host's primary address (vllm_engine_bind_host)."""
+    return json.loads(host.file("/etc/vllm-fleet/engines/g0.json").content_string)["host"]
+
+
 def curl_status(host, path, key=None, body=None):
-    args = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:8100{path}"]
+    url = f"http://{engine_address(host)}:8100{path}"
+    args = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url]
     if body is not None:
         args += ["-H", "Content-Type: application/json", "-d", body]
     if key is not None:
@@ -75,6 +81,20 @@ def test_engine_runs_unprivileged_offline_and_pinned(host):
     assert "VLLM_CPU_OMP_THREADS_BIND=0" in environ
     model_arg = host.check_output(f"cat /proc/{children[0]}/cmdline | tr '\\0' ' '")
     assert " serve /srv/models/smollm2-135m/" in model_arg
+
+
+def test_listens_only_on_the_private_address(host):
+    address = engine_address(host)
+    assert address in host.check_output("hostname -I").split(), address
+    listening = host.check_output("ss -ltnH 'sport = :8100'").splitlines()
+    assert [line.split()[3] for line in listening] == [f"{address}:8100"], listening
+    assert curl_status_at(host, "127.0.0.1") == "000"  # nothing on loopback or a wildcard
+
+
+def curl_status_at(host, address):
+    return host.check_output(
+        f"curl -s -o /dev/null -w '%{{http_code}}' http://{address}:8100/health || true"
+    )
 
 
 def test_sandboxing_scores_ok(host):
