@@ -1,0 +1,87 @@
+"""How exposed the fleet's services are on the converged lab: systemd's own sandboxing score
+for each unit, and every listening TCP socket on every host.
+
+The scores are systemd-analyze's "overall exposure level" (0 = fully sandboxed, 10 = none);
+the target for the engine, router and watchdog units is at most 4.0 ("OK").
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from tests.lab.conftest import ENGINES, in_host
+
+ROUTER_HOST = "router01"
+UNITS = {
+    **{host: ["vllm-engine@g0.service", "vllm-fleet-watchdog.service"] for host in ENGINES},
+    ROUTER_HOST: ["vllm-fleet-router.service"],
+}
+TARGET = 4.0
+EXPOSURE = re.compile(r"Overall exposure level for \S+: (?P<score>\d+\.\d+) (?P<word>\w+)")
+# Ports each engine host serves the fleet on: only on its private address, never loopback.
+ENGINE_HOST_PORTS = {8100: "engine g0", 9410: "watchdog metrics", 9100: "node exporter"}
+
+
+def exposure(host: str, unit: str) -> tuple[float, str]:
+    out = in_host(host, "systemd-analyze", "security", "--no-pager", unit).stdout
+    match = EXPOSURE.search(out)
+    assert match, out[-500:]
+    return float(match["score"]), match["word"]
+
+
+def listeners(host: str) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of every listening TCP socket on host."""
+    rows = []
+    for line in in_host(host, "ss", "-ltnpH").stdout.splitlines():
+        fields = line.split()
+        address, _, port = fields[3].rpartition(":")
+        process = re.search(r'users:\(\("([^"]+)"', line)
+        rows.append((address.strip("[]"), int(port), process[1] if process else "?"))
+    return rows
+
+
+def private_address(host: str) -> str:
+    route = in_host(host, "ip", "-4", "-o", "route", "get", "1.1.1.1").stdout
+    match = re.search(r"\bsrc (\S+)", route)
+    assert match, route
+    return match[1]
+
+
+def test_unit_sandboxing_scores_meet_the_target(fresh_lab):
+    rows = [(host, unit, *exposure(host, unit)) for host, units in UNITS.items() for unit in units]
+    print("\nsystemd-analyze security (overall exposure, 0-10, target <= 4.0):")
+    for host, unit, score, word in rows:
+        print(f"  {host:9} {unit:32} {score:4.1f} {word}")
+    assert all(score <= TARGET for _h, _u, score, _w in rows), rows
+
+
+def test_every_listener_is_private_or_loopback(fresh_lab):
+    print("\nlistening TCP sockets:")
+    for host in UNITS:
+        private = private_address(host)
+        assert ipaddress.ip_address(private).is_private, (host, private)
+        found = listeners(host)
+        for address, port, process in found:
+            print(f"  {host:9} {address}:{port} {process}")
+        wildcard = [row for row in found if row[0] in ("0.0.0.0", "::", "*")]
+        assert not wildcard, f"{host}: listening on every interface: {wildcard}"
+        for address, port, process in found:
+            assert address == private or ipaddress.ip_address(address).is_loopback, (
+                host,
+                address,
+                port,
+                process,
+            )
+
+
+def test_engines_listen_only_where_the_router_reaches_them(fresh_lab):
+    router_sees = in_host(ROUTER_HOST, "getent", "ahostsv4", *ENGINES).stdout
+    for host in ENGINES:
+        private = private_address(host)
+        assert re.search(rf"^{re.escape(private)}\s+STREAM {host}(\.\S+)?$", router_sees, re.M), (
+            router_sees
+        )
+        ports = {port: address for address, port, _p in listeners(host)}
+        for port, what in ENGINE_HOST_PORTS.items():
+            assert ports.get(port) == private, (host, what, ports)
