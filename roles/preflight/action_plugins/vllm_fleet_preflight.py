@@ -18,12 +18,7 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
 from vllm_fleet.preflight import HostInput, PreflightResult, validate
-from vllm_fleet.preflight.facts import (
-    HostFacts,
-    parse_npu_smi,
-    parse_nvidia_smi,
-    parse_version_info,
-)
+from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
 from vllm_fleet.preflight.report import render_markdown
 
 # Inventory variables of the fleet itself (the roles' own come from their argument specs).
@@ -113,28 +108,12 @@ def report_json(outcome: PreflightResult) -> str:
     return json.dumps(data, indent=2, default=str) + "\n"
 
 
-def facts_of(hostvars: dict) -> tuple[HostFacts, dict[str, dict]]:
+def facts_of(hostvars: Mapping[str, object]) -> tuple[HostFacts, dict[str, dict[str, object]]]:
+    """The host's facts: from a preflight_facts fixture, else from the read-only probes."""
     if "preflight_facts" in hostvars:
-        fixture = dict(hostvars["preflight_facts"])
-        models = fixture.pop("models", {})
-        return HostFacts.from_dict(fixture), models
-    probe = hostvars.get("preflight_probe") or {}
-    facts = HostFacts(
-        python=probe.get("python", ""),
-        cpu_count=int(probe.get("cpu_count") or 0),
-        memory_bytes=int(probe.get("memory_mb") or 0) * 1024 * 1024,
-    )
-    if probe.get("nvidia_smi"):
-        facts.devices, facts.driver_version = parse_nvidia_smi(probe["nvidia_smi"])
-    if probe.get("npu_smi"):
-        facts.devices = parse_npu_smi(probe["npu_smi"])
-        facts.driver_version = parse_version_info(probe.get("ascend_driver_info", ""))
-        facts.cann_version = parse_version_info(probe.get("cann_info", ""))
-    models = {}
-    for read in (hostvars.get("preflight_model_info") or {}).get("results", []):
-        if read.get("rc") == 0 and read.get("stdout"):
-            models[read["item"]] = json.loads(read["stdout"])
-    return facts, models
+        return from_fixture(hostvars["preflight_facts"])
+    facts = from_probe(hostvars.get("preflight_probe"))
+    return facts, read_model_info(hostvars.get("preflight_model_info"), facts)
 
 
 class ActionModule(ActionBase):

@@ -14,7 +14,7 @@ from vllm_fleet.kv_planner import (
     plan,
     request_kv_bytes,
 )
-from vllm_fleet.preflight.facts import HostFacts
+from vllm_fleet.preflight.facts import INT64_MAX, HostFacts
 
 ACCELERATORS = ("cpu", "cuda", "ascend")
 MODEL_SOURCES = ("mirror", "hf", "modelscope", "local")
@@ -60,6 +60,11 @@ REDACTED = "<redacted>"
 
 def shown_value(key: str, value: object) -> object:
     return REDACTED if SECRET_KEY.search(key) else value
+
+
+def is_int(value: object, minimum: int = 1) -> bool:
+    """A whole number from minimum to the largest 64-bit integer; true and false are not numbers."""
+    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= INT64_MAX
 
 
 @dataclass
@@ -138,6 +143,7 @@ class HostChecker:
         self.result.warnings.append(finding)
 
     def run(self) -> None:
+        self.check_facts()
         self.check_unknown_keys()
         if "fleet_engine_groups" not in self.v:
             return
@@ -158,6 +164,11 @@ class HostChecker:
             self.check_group(group, accelerator, stack)
 
     # -- host level -----------------------------------------------------------------------
+    def check_facts(self) -> None:
+        for p in self.host.facts.problems:
+            report = self.error if p.severity == "error" else self.warn
+            report(p.key, p.value, p.message, p.fix)
+
     def check_unknown_keys(self) -> None:
         prefixes = {k.split("_", 1)[0] + "_" for k in self.known_keys}
         for key in self.v:
@@ -219,8 +230,16 @@ class HostChecker:
     def check_driver(self, name: str, requires: dict[str, object], facts: HostFacts) -> None:
         minimum = requires.get("cuda_driver_min")
         if minimum and facts.driver_version:
-            have = int(facts.driver_version.split(".")[0])
-            if have < int(str(minimum)):
+            branch = re.match(r"[0-9]{1,9}", facts.driver_version)
+            if branch is None:
+                self.error(
+                    "fleet_engine_stack",
+                    name,
+                    f"needs NVIDIA driver >= {minimum}, and the host's driver version "
+                    f"{facts.driver_version!r} cannot be read",
+                    "check the driver with nvidia-smi (or the fixture's driver_version)",
+                )
+            elif int(branch.group()) < int(str(minimum)):
                 self.error(
                     "fleet_engine_stack",
                     name,
@@ -510,7 +529,9 @@ class HostChecker:
         dtype: str,
     ) -> None:
         installed = self.host.installed_models.get(str(group["model"]), {})
-        config = installed.get("config") or model.get("config")
+        config = installed.get("config")
+        if not isinstance(config, dict):
+            config = model.get("config")
         if not isinstance(config, dict):
             self.warn(
                 f"fleet_models.{group['model']}.config",
@@ -628,7 +649,10 @@ class HostChecker:
     ) -> tuple[int | None, int, int]:
         """(KV bytes available per device or None if memory is unknown, memory, weights per device)."""
         installed = self.host.installed_models.get(str(group["model"]), {})
-        weights = int(installed.get("weight_bytes") or model.get("weight_bytes") or 0)  # type: ignore[call-overload]
+        weights = installed.get("weight_bytes")
+        if not is_int(weights, 0):
+            weights = int(model.get("weight_bytes") or 0)  # type: ignore[call-overload]
+        assert isinstance(weights, int)
         if accelerator == "cpu":
             memory, per_device_weights = self.host.facts.memory_bytes, weights
         else:
