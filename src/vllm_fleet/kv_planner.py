@@ -81,14 +81,27 @@ class AttentionShape:
         """Read the attention shape from a Hugging Face config.json (VLMs: its text_config)."""
         text = config.get("text_config")
         cfg = {**config, **text} if isinstance(text, dict) else dict(config)
-        try:
-            layers = int(cfg["num_hidden_layers"])  # type: ignore[arg-type]
-            heads = int(cfg["num_attention_heads"])  # type: ignore[arg-type]
-        except KeyError as err:
-            raise PlanError(f"config.json has no {err.args[0]}") from err
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)  # type: ignore[arg-type]
-        head_dim = cfg.get("head_dim") or int(cfg["hidden_size"]) // heads  # type: ignore[arg-type]
-        window = cfg.get("sliding_window")
+        for key in ("num_hidden_layers", "num_attention_heads"):
+            if key not in cfg:
+                raise PlanError(f"config.json has no {key}")
+        layers = _positive(cfg, "num_hidden_layers")
+        heads = _positive(cfg, "num_attention_heads")
+        # Optional fields: absent, null or 0 take their defaults.
+        kv_heads = (
+            _positive(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") else heads
+        )
+        if cfg.get("head_dim"):
+            head_dim = _positive(cfg, "head_dim")
+        elif "hidden_size" not in cfg:
+            raise PlanError("config.json has no head_dim and no hidden_size")
+        else:
+            head_dim = _positive(cfg, "hidden_size") // heads
+            if not head_dim:
+                raise PlanError(
+                    f"config.json's hidden_size {cfg['hidden_size']} is smaller than its "
+                    f"{heads} attention heads"
+                )
+        window = _positive(cfg, "sliding_window") if cfg.get("sliding_window") else None
         layer_types = cfg.get("layer_types")
         full = None
         if isinstance(layer_types, list):
@@ -100,13 +113,23 @@ class AttentionShape:
             num_layers=layers,
             num_attention_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=int(head_dim),  # type: ignore[arg-type]
-            sliding_window=int(window) if window else None,  # type: ignore[arg-type]
+            head_dim=head_dim,
+            sliding_window=window,
             full_attention_layers=full,
-            kv_lora_rank=int(cfg["kv_lora_rank"]) if cfg.get("kv_lora_rank") else None,  # type: ignore[arg-type]
-            qk_rope_head_dim=int(cfg.get("qk_rope_head_dim") or 0) or None,  # type: ignore[arg-type]
+            kv_lora_rank=_positive(cfg, "kv_lora_rank") if cfg.get("kv_lora_rank") else None,
+            qk_rope_head_dim=(
+                _positive(cfg, "qk_rope_head_dim") if cfg.get("qk_rope_head_dim") else None
+            ),
             dtype=dtype,
         )
+
+
+def _positive(cfg: dict[object, object], key: str) -> int:
+    """A config.json size: a whole number above 0 (and below 2**63; true is not a number)."""
+    value = cfg[key]
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**63:
+        return value
+    raise PlanError(f"config.json's {key}={value!r} is not a positive whole number")
 
 
 def dtype_bytes(name: str) -> int:

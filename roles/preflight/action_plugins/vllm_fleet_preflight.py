@@ -18,12 +18,7 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
 from vllm_fleet.preflight import HostInput, PreflightResult, validate
-from vllm_fleet.preflight.facts import (
-    HostFacts,
-    parse_npu_smi,
-    parse_nvidia_smi,
-    parse_version_info,
-)
+from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
 from vllm_fleet.preflight.report import render_markdown
 
 # Inventory variables of the fleet itself (the roles' own come from their argument specs).
@@ -56,28 +51,69 @@ def role_variables() -> set[str]:
     return names
 
 
-def facts_of(hostvars: dict) -> tuple[HostFacts, dict[str, dict]]:
+def known_variables() -> set[str]:
+    return FLEET_VARIABLES | role_variables()
+
+
+def raw(hostvars: Mapping[str, object], key: str) -> object:
+    """A host variable as Ansible renders it; a template that fails becomes a value preflight names."""
+    try:
+        return hostvars[key]
+    except AnsibleError as err:
+        return f"<cannot be rendered: {err.message}>"
+
+
+def host_input(
+    name: str, hostvars: Mapping[str, object], play_level: Mapping[str, object]
+) -> HostInput:
+    """What preflight validates of one host: its fleet variables (play-level ones win) and facts."""
+    variables = {key: raw(hostvars, key) for key in READ if key in hostvars}
+    for key in hostvars:
+        if key not in variables and key.split("_", 1)[0] in PREFIXES:
+            variables[key] = raw(hostvars, key)
+    variables.update(play_level)
+    facts, models = facts_of(hostvars)
+    return HostInput(name, variables, facts, models)
+
+
+def summarize(outcome: PreflightResult, hosts: list[str]) -> dict[str, object]:
+    """The task's result: the plan, each host's KV sizes, and the refusal or the plan table."""
+    kv_plan: dict[str, dict[str, int]] = {name: {} for name in hosts}
+    for row in outcome.plan:
+        kv_plan[row.host][row.group] = row.kv_cache_bytes
+    result: dict[str, object] = {
+        "plan": [asdict(row) for row in outcome.plan],
+        # The KV size each engine group gets, for groups that leave it to the plan.
+        "kv_plan": kv_plan,
+        "warnings_found": [str(w) for w in outcome.warnings],
+        "changed": False,
+    }
+    if outcome.errors:
+        result["failed"] = True
+        result["msg"] = (
+            f"preflight refused the inventory ({len(outcome.errors)} problems); no host was changed:\n"
+            + "\n".join(f"- {e}" for e in outcome.errors)
+        )
+    else:
+        result["msg"] = render_markdown(outcome)
+    return result
+
+
+def report_json(outcome: PreflightResult) -> str:
+    data = {
+        "errors": [asdict(e) for e in outcome.errors],
+        "warnings": [asdict(w) for w in outcome.warnings],
+        "plan": [asdict(row) for row in outcome.plan],
+    }
+    return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def facts_of(hostvars: Mapping[str, object]) -> tuple[HostFacts, dict[str, dict[str, object]]]:
+    """The host's facts: from a preflight_facts fixture, else from the read-only probes."""
     if "preflight_facts" in hostvars:
-        fixture = dict(hostvars["preflight_facts"])
-        models = fixture.pop("models", {})
-        return HostFacts.from_dict(fixture), models
-    probe = hostvars.get("preflight_probe") or {}
-    facts = HostFacts(
-        python=probe.get("python", ""),
-        cpu_count=int(probe.get("cpu_count") or 0),
-        memory_bytes=int(probe.get("memory_mb") or 0) * 1024 * 1024,
-    )
-    if probe.get("nvidia_smi"):
-        facts.devices, facts.driver_version = parse_nvidia_smi(probe["nvidia_smi"])
-    if probe.get("npu_smi"):
-        facts.devices = parse_npu_smi(probe["npu_smi"])
-        facts.driver_version = parse_version_info(probe.get("ascend_driver_info", ""))
-        facts.cann_version = parse_version_info(probe.get("cann_info", ""))
-    models = {}
-    for read in (hostvars.get("preflight_model_info") or {}).get("results", []):
-        if read.get("rc") == 0 and read.get("stdout"):
-            models[read["item"]] = json.loads(read["stdout"])
-    return facts, models
+        return from_fixture(hostvars["preflight_facts"])
+    facts = from_probe(hostvars.get("preflight_probe"))
+    return facts, read_model_info(hostvars.get("preflight_model_info"), facts)
 
 
 class ActionModule(ActionBase):
@@ -89,7 +125,7 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         args = self._task.args
         all_hostvars = task_vars["hostvars"]
-        known = FLEET_VARIABLES | role_variables()
+        known = known_variables()
         # Variables set at play, role or task level (vars:, vars_files:, include vars) apply to
         # every host of the play: task_vars has them, hostvars does not.
         this_host = all_hostvars[task_vars["inventory_hostname"]]
@@ -98,36 +134,13 @@ class ActionModule(ActionBase):
             if key.split("_", 1)[0] not in PREFIXES:
                 continue
             rendered = self._render(value)
-            if key not in this_host or (key in READ and self._raw(this_host, key) != rendered):
+            if key not in this_host or (key in READ and raw(this_host, key) != rendered):
                 play_level[key] = rendered
-        hosts = []
-        for name in args["hosts"]:
-            hv = all_hostvars[name]
-            variables = {key: self._raw(hv, key) for key in READ if key in hv}
-            for key in hv:
-                if key not in variables and key.split("_", 1)[0] in PREFIXES:
-                    variables[key] = self._raw(hv, key)
-            variables.update(play_level)
-            facts, models = facts_of(hv)
-            hosts.append(HostInput(name, variables, facts, models))
+        hosts = [host_input(name, all_hostvars[name], play_level) for name in args["hosts"]]
         outcome = validate(hosts, task_vars["fleet_stacks"], known)
         report = self._write_report(outcome, Path(args["report_dir"]))
-        result["plan"] = [asdict(row) for row in outcome.plan]
-        # The KV size each engine group gets, for groups that leave it to the plan.
-        result["kv_plan"] = {name: {} for name in args["hosts"]}
-        for row in outcome.plan:
-            result["kv_plan"][row.host][row.group] = row.kv_cache_bytes
-        result["warnings_found"] = [str(w) for w in outcome.warnings]
+        result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)
-        result["changed"] = False
-        if outcome.errors:
-            result["failed"] = True
-            result["msg"] = (
-                f"preflight refused the inventory ({len(outcome.errors)} problems); no host was changed:\n"
-                + "\n".join(f"- {e}" for e in outcome.errors)
-            )
-        else:
-            result["msg"] = render_markdown(outcome)
         return result
 
     def _render(self, value: object) -> object:
@@ -137,22 +150,10 @@ class ActionModule(ActionBase):
             return f"<cannot be rendered: {err.message}>"
 
     @staticmethod
-    def _raw(hostvars: Mapping[str, object], key: str) -> object:
-        try:
-            return hostvars[key]
-        except AnsibleError as err:
-            return f"<cannot be rendered: {err.message}>"
-
-    @staticmethod
     def _write_report(outcome: PreflightResult, directory: Path) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
         stamp = time.strftime("%Y%m%dT%H%M%S")
         base = directory / f"preflight-{stamp}"
-        data = {
-            "errors": [asdict(e) for e in outcome.errors],
-            "warnings": [asdict(w) for w in outcome.warnings],
-            "plan": [asdict(row) for row in outcome.plan],
-        }
-        base.with_suffix(".json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+        base.with_suffix(".json").write_text(report_json(outcome))
         base.with_suffix(".md").write_text(render_markdown(outcome))
         return base.with_suffix(".md")

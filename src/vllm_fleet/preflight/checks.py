@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vllm_fleet.kv_planner import (
@@ -14,7 +16,7 @@ from vllm_fleet.kv_planner import (
     plan,
     request_kv_bytes,
 )
-from vllm_fleet.preflight.facts import HostFacts
+from vllm_fleet.preflight.facts import INT64_MAX, HostFacts
 
 ACCELERATORS = ("cpu", "cuda", "ascend")
 MODEL_SOURCES = ("mirror", "hf", "modelscope", "local")
@@ -40,10 +42,10 @@ MODEL_KEYS = (
     "ttft_p99_threshold_seconds",
 )
 PINNED = {
-    "mirror": re.compile(r"^[0-9a-f]{64}$"),
-    "local": re.compile(r"^[0-9a-f]{64}$"),
-    "hf": re.compile(r"^[0-9a-f]{40}$"),
-    "modelscope": re.compile(r"^[0-9a-f]{40}$"),
+    "mirror": re.compile(r"[0-9a-f]{64}"),
+    "local": re.compile(r"[0-9a-f]{64}"),
+    "hf": re.compile(r"[0-9a-f]{40}"),
+    "modelscope": re.compile(r"[0-9a-f]{40}"),
 }
 PIN_FIX = {
     "mirror": "pin the 64-hex sha256 of the mirror's manifest.json (vllm-fleet weights publish prints it)",
@@ -51,7 +53,10 @@ PIN_FIX = {
     "hf": "pin a 40-hex commit sha (a branch or tag can move under you)",
     "modelscope": "pin a 40-hex commit id (a branch or tag can move under you)",
 }
-GROUP_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# Required per source (the model_weights role's own rule), and the other string settings.
+SOURCE_REQUIRES = {"mirror": "url", "local": "path", "hf": "repo", "modelscope": "repo"}
+MODEL_STRINGS = ("url", "repo", "endpoint", "path", "manifest")
+GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 GIB = 1024**3
 # Variables whose values are secrets: a finding names them but never shows the value.
 SECRET_KEY = re.compile(r"(^|_)(key|secret|password|token|passphrase)s?$", re.IGNORECASE)
@@ -60,6 +65,36 @@ REDACTED = "<redacted>"
 
 def shown_value(key: str, value: object) -> object:
     return REDACTED if SECRET_KEY.search(key) else value
+
+
+def is_int(value: object, minimum: int = 1) -> bool:
+    """A whole number from minimum to the largest 64-bit integer; true and false are not numbers."""
+    return isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= INT64_MAX
+
+
+def is_str_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def is_str_map(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+# Optional engine group settings: (accepts the value, what to use). Values vllm_engine's
+# template and EngineConfig (read on the host) would refuse, after hosts changed.
+OPTIONAL_SETTINGS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "kv_cache_bytes": (is_int, "a positive number of bytes, or leave it out for the plan"),
+    "dtype": (lambda v: isinstance(v, str), "auto, float32, bfloat16 or float16"),
+    "kv_cache_dtype": (lambda v: isinstance(v, str), "auto, bfloat16, float16 or fp8"),
+    "enforce_eager": (lambda v: isinstance(v, bool), "true or false"),
+    "enable_prefix_caching": (lambda v: isinstance(v, bool), "true or false"),
+    "tensor_parallel_size": (is_int, "a positive integer"),
+    "block_size": (lambda v: v is None or is_int(v), "a positive number of tokens"),
+    "extra_args": (is_str_list, "a list of strings, e.g. ['--max-logprobs', '5']"),
+    "env": (is_str_map, "a mapping of names to strings (quote numbers: FOO: '1')"),
+}
 
 
 @dataclass
@@ -138,9 +173,11 @@ class HostChecker:
         self.result.warnings.append(finding)
 
     def run(self) -> None:
+        self.check_facts()
         self.check_unknown_keys()
         if "fleet_engine_groups" not in self.v:
             return
+        self.check_memory_settings()
         accelerator = self.check_accelerator()
         stack = self.check_stack(accelerator)
         groups = self.v.get("fleet_engine_groups")
@@ -158,6 +195,30 @@ class HostChecker:
             self.check_group(group, accelerator, stack)
 
     # -- host level -----------------------------------------------------------------------
+    def check_facts(self) -> None:
+        for p in self.host.facts.problems:
+            report = self.error if p.severity == "error" else self.warn
+            report(p.key, p.value, p.message, p.fix)
+
+    def check_memory_settings(self) -> None:
+        utilization = self.v.get("fleet_memory_utilization", 0.9)
+        number = isinstance(utilization, float | int) and not isinstance(utilization, bool)
+        if not (number and 0 < utilization <= 1):  # type: ignore[operator]
+            self.error(
+                "fleet_memory_utilization",
+                utilization,
+                "must be a fraction of device memory",
+                "use a number above 0 and at most 1, e.g. 0.9",
+            )
+        reserve = self.v.get("fleet_memory_reserve_bytes", 2 * GIB)
+        if not is_int(reserve, 0):
+            self.error(
+                "fleet_memory_reserve_bytes",
+                reserve,
+                "must be a number of bytes",
+                "use a whole number >= 0, e.g. 2147483648",
+            )
+
     def check_unknown_keys(self) -> None:
         prefixes = {k.split("_", 1)[0] + "_" for k in self.known_keys}
         for key in self.v:
@@ -219,8 +280,16 @@ class HostChecker:
     def check_driver(self, name: str, requires: dict[str, object], facts: HostFacts) -> None:
         minimum = requires.get("cuda_driver_min")
         if minimum and facts.driver_version:
-            have = int(facts.driver_version.split(".")[0])
-            if have < int(str(minimum)):
+            branch = re.match(r"[0-9]{1,9}", facts.driver_version)
+            if branch is None:
+                self.error(
+                    "fleet_engine_stack",
+                    name,
+                    f"needs NVIDIA driver >= {minimum}, and the host's driver version "
+                    f"{facts.driver_version!r} cannot be read",
+                    "check the driver with nvidia-smi (or the fixture's driver_version)",
+                )
+            elif int(branch.group()) < int(str(minimum)):
                 self.error(
                     "fleet_engine_stack",
                     name,
@@ -271,31 +340,28 @@ class HostChecker:
         checks = [
             (
                 "name",
-                isinstance(group["name"], str) and GROUP_NAME.match(group["name"]) is not None,
+                isinstance(group["name"], str) and GROUP_NAME.fullmatch(group["name"]) is not None,
                 "letters, digits, '.', '_' or '-' only (it becomes a unit name)",
             ),
             (
                 "port",
-                isinstance(group["port"], int) and 1024 <= group["port"] <= 65535,
+                is_int(group["port"]) and 1024 <= group["port"] <= 65535,
                 "an integer from 1024 to 65535",
             ),
             (
                 "devices",
                 isinstance(group["devices"], list)
                 and bool(group["devices"])
-                and all(isinstance(d, int) and d >= 0 for d in group["devices"]),
+                and all(is_int(d, 0) for d in group["devices"]),
                 "a non-empty list of device indices (integers >= 0)",
             ),
-            (
-                "max_model_len",
-                isinstance(group["max_model_len"], int) and group["max_model_len"] > 0,
-                "a positive number of tokens",
-            ),
-            (
-                "max_num_seqs",
-                isinstance(group["max_num_seqs"], int) and group["max_num_seqs"] > 0,
-                "a positive number of requests",
-            ),
+            ("max_model_len", is_int(group["max_model_len"]), "a positive number of tokens"),
+            ("max_num_seqs", is_int(group["max_num_seqs"]), "a positive number of requests"),
+        ]
+        checks += [
+            (key, good(group[key]), fix)
+            for key, (good, fix) in OPTIONAL_SETTINGS.items()
+            if key in group
         ]
         for key, good, fix in checks:
             if not good:
@@ -355,11 +421,7 @@ class HostChecker:
         self.check_device_indices(label, devices, accelerator)
         model = self.check_model(label, group)
         tp = group.get("tensor_parallel_size", 1)
-        if not isinstance(tp, int) or tp < 1:
-            self.error(
-                f"{label}.tensor_parallel_size", tp, "invalid value", "use a positive integer"
-            )
-            return
+        assert isinstance(tp, int)
         if tp != len(devices):
             self.error(
                 f"{label}.tensor_parallel_size",
@@ -386,11 +448,7 @@ class HostChecker:
             )
             return
         block = group.get("block_size")
-        if (
-            accelerator == "cpu"
-            and block is not None
-            and (not isinstance(block, int) or block % 32)
-        ):
+        if accelerator == "cpu" and isinstance(block, int) and block % 32:
             self.error(
                 f"{label}.block_size",
                 block,
@@ -483,20 +541,50 @@ class HostChecker:
                 f"use one of {', '.join(MODEL_SOURCES)}",
             )
             return None
-        revision = str(model.get("revision", ""))
-        pattern = PINNED.get(str(source))
-        if pattern and not pattern.match(revision):
-            self.error(
-                f"{where}.revision", model.get("revision"), "not pinned", PIN_FIX[str(source)]
-            )
-        if not model.get("served_name"):
+        revision = model.get("revision")
+        pattern = PINNED[str(source)]
+        if not (isinstance(revision, str) and pattern.fullmatch(revision)):
+            self.error(f"{where}.revision", revision, "not pinned", PIN_FIX[str(source)])
+        served = model.get("served_name")
+        if not served or not isinstance(served, str):
             self.error(
                 f"{where}.served_name",
-                model.get("served_name"),
-                "missing",
+                served,
+                "missing" if not served else "must be a string",
                 "set the name clients will ask for",
             )
-        return model
+        ok = self.check_model_settings(where, model, str(source))
+        return model if ok else None
+
+    def check_model_settings(self, where: str, model: dict[str, object], source: str) -> bool:
+        """Types of the other model settings, as model_weights, monitoring and the plan read them."""
+        problems: list[tuple[str, str]] = []
+        needed = SOURCE_REQUIRES[source]
+        if not model.get(needed):
+            self.error(
+                f"{where}.{needed}",
+                model.get(needed),
+                f"required for source {source}",
+                f"set {needed}: (the model_weights role fetches from it)",
+            )
+        for key in MODEL_STRINGS:
+            if model.get(key) is not None and not isinstance(model[key], str):
+                problems.append((key, "a string"))
+        for key in ("allow_patterns", "ignore_patterns"):
+            if model.get(key) is not None and not is_str_list(model[key]):
+                problems.append((key, "a list of glob patterns, like ['*.safetensors', '*.json']"))
+        if model.get("weight_bytes") is not None and not is_int(model["weight_bytes"], 0):
+            problems.append(("weight_bytes", "a whole number of bytes"))
+        if "ttft_p99_threshold_seconds" in model:
+            ttft = model["ttft_p99_threshold_seconds"]
+            number = isinstance(ttft, float | int) and not isinstance(ttft, bool)
+            if not (number and 0 < ttft < math.inf):  # type: ignore[operator]
+                problems.append(("ttft_p99_threshold_seconds", "a positive number of seconds"))
+        if model.get("config") is not None and not isinstance(model["config"], dict):
+            problems.append(("config", "a mapping: the fields of the model's config.json"))
+        for key, fix in problems:
+            self.error(f"{where}.{key}", model[key], "invalid value", f"use {fix}")
+        return not problems
 
     # -- KV plan --------------------------------------------------------------------------
     def plan_group(
@@ -510,7 +598,9 @@ class HostChecker:
         dtype: str,
     ) -> None:
         installed = self.host.installed_models.get(str(group["model"]), {})
-        config = installed.get("config") or model.get("config")
+        config = installed.get("config")
+        if not isinstance(config, dict):
+            config = model.get("config")
         if not isinstance(config, dict):
             self.warn(
                 f"fleet_models.{group['model']}.config",
@@ -548,7 +638,7 @@ class HostChecker:
             return
         limit = config.get("max_position_embeddings")
         max_len = int(group["max_model_len"])  # type: ignore[call-overload]
-        if isinstance(limit, int) and max_len > limit:
+        if is_int(limit) and max_len > limit:  # type: ignore[operator]
             self.error(
                 f"{label}.max_model_len",
                 max_len,
@@ -556,12 +646,9 @@ class HostChecker:
                 f"use max_model_len <= {limit}",
             )
             return
-        # vLLM's "auto" KV dtype is the dtype the model is served in.
-        kv_dtype = str(group.get("kv_cache_dtype", "auto"))
-        if kv_dtype == "auto":
-            kv_dtype = shape.dtype if dtype == "auto" else dtype
+        kv_dtype = self.kv_dtype(group, shape, dtype)
         capacity = self.kv_capacity(label, group, model, accelerator, tp)
-        if capacity is None:
+        if kv_dtype is None or capacity is None:
             return
         seqs = int(group["max_num_seqs"])  # type: ignore[call-overload]
         result = plan(shape, capacity, max_len, seqs, tp=tp, kv_dtype=kv_dtype)
@@ -605,6 +692,21 @@ class HostChecker:
                 f"lower max_num_seqs to {fit} or max_model_len to {result.max_model_len_for_target}",
             )
 
+    def kv_dtype(self, group: dict[str, object], shape: AttentionShape, dtype: str) -> str | None:
+        """The KV cache dtype: vLLM's "auto" is the dtype the model is served in."""
+        kv_dtype = str(group.get("kv_cache_dtype", "auto"))
+        if kv_dtype == "auto":
+            kv_dtype = shape.dtype if dtype == "auto" else dtype
+        if kv_dtype.lower() in DTYPE_BYTES:
+            return kv_dtype
+        self.error(
+            f"fleet_models.{group['model']}.config",
+            shape.dtype,
+            "the model's torch_dtype is not a dtype vLLM serves with dtype: auto",
+            f"set dtype: on group {group['name']} (float32, bfloat16 or float16)",
+        )
+        return None
+
     def fitting_tp(
         self,
         shape: AttentionShape,
@@ -628,7 +730,10 @@ class HostChecker:
     ) -> tuple[int | None, int, int]:
         """(KV bytes available per device or None if memory is unknown, memory, weights per device)."""
         installed = self.host.installed_models.get(str(group["model"]), {})
-        weights = int(installed.get("weight_bytes") or model.get("weight_bytes") or 0)  # type: ignore[call-overload]
+        weights = installed.get("weight_bytes")
+        if not is_int(weights, 0):
+            weights = model.get("weight_bytes") or 0  # checked by check_model_settings
+        assert isinstance(weights, int)
         if accelerator == "cpu":
             memory, per_device_weights = self.host.facts.memory_bytes, weights
         else:
@@ -645,11 +750,15 @@ class HostChecker:
 
     @property
     def utilization(self) -> float:
-        return float(self.v.get("fleet_memory_utilization", 0.9))  # type: ignore[arg-type]
+        value = self.v.get("fleet_memory_utilization", 0.9)
+        # An invalid value is refused by check_memory_settings; the plan goes on with the default.
+        valid = isinstance(value, float | int) and not isinstance(value, bool) and 0 < value <= 1  # type: ignore[operator]
+        return float(value) if valid else 0.9  # type: ignore[arg-type]
 
     @property
     def reserve(self) -> int:
-        return int(self.v.get("fleet_memory_reserve_bytes", 2 * GIB))  # type: ignore[call-overload]
+        value = self.v.get("fleet_memory_reserve_bytes", 2 * GIB)
+        return value if is_int(value, 0) else 2 * GIB  # type: ignore[return-value]
 
     def kv_capacity(
         self,
@@ -663,14 +772,7 @@ class HostChecker:
         available, memory, per_device_weights = self.budget(group, model, accelerator, tp)
         utilization, reserve = self.utilization, self.reserve
         if explicit is not None:
-            if not isinstance(explicit, int) or explicit <= 0:
-                self.error(
-                    f"{label}.kv_cache_bytes",
-                    explicit,
-                    "invalid value",
-                    "use a positive number of bytes",
-                )
-                return None
+            assert isinstance(explicit, int)  # checked with the group's shape
             if available is not None and explicit > available:
                 self.error(
                     f"{label}.kv_cache_bytes",

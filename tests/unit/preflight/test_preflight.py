@@ -18,6 +18,7 @@ CASES = yaml.safe_load((Path(__file__).with_name("cases.yml")).read_text())
 KNOWN = {
     "fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
     "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url",
+    "fleet_memory_utilization", "fleet_memory_reserve_bytes",
 }  # fmt: skip
 
 
