@@ -17,7 +17,7 @@ assert _spec and _spec.loader
 af = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(af)
 
-# The table documented in the field notes (two rows per device), one device unhealthy.
+# npu-smi info's documented table (two rows per device), one device unhealthy.
 NPU_SMI_INFO = """\
 +------------------------------------------------------------------------------------------------+
 | npu-smi 24.1.rc2                 Version: 24.1.rc2                                             |

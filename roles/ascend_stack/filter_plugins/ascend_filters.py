@@ -1,5 +1,5 @@
 """Filters of the ascend_stack role: inventory checks, the install plan and parsers of what the
-vendor's tools print (npu-smi info, version.info, set_env.sh). Vendor facts: field-notes.md 4."""
+vendor's tools print (npu-smi info, version.info, set_env.sh), as Huawei's guides document."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ _VERSION = re.compile(r"^(\d{3})\.\d{2,3}(\.\d{2,3})?$")
 # GPU generations (architectures). NVIDIA's open kernel modules support Turing and newer;
 # Maxwell, Pascal and Volta need the proprietary ones; Grace Hopper and Blackwell support
 # only the open ones. From R560 the open modules are the default (NVIDIA Driver Installation
-# Guide, "Open GPU Kernel Modules" / "Choosing an Installation Method"; field notes 4).
+# Guide, "Open GPU Kernel Modules" / "Choosing an Installation Method").
 OPEN_ONLY = frozenset({"grace-hopper", "blackwell", "grace-blackwell"})
 PROPRIETARY_ONLY = frozenset({"maxwell", "pascal", "volta"})
 EITHER = frozenset({"turing", "ampere", "ada", "hopper"})
