@@ -238,13 +238,11 @@ def build_wheelhouse(
     seeded = seed_local_wheels(downloads, dest)
     platform = [arg for tag in MANYLINUX_X86_64 for arg in ("--platform", tag)]
     pip_args = ["--python-version", str(spec["python"]), "--implementation", "cp", *platform]
+    extra = [a for url in spec.get("extra_index_urls", []) for a in ("--extra-index-url", url)]
     # Local-version wheels (torch==X+cpu) come from an extra index unless seeded locally.
     if any("+" in v and n not in seeded for n, (v, _h) in parse_lock(downloads).items()):
-        pip_args += [
-            a for url in spec.get("extra_index_urls", []) for a in ("--extra-index-url", url)
-        ]
+        pip_args += extra
     download_locked(downloads, dest, pip_args)
-    extra = [a for url in spec.get("extra_index_urls", []) for a in ("--extra-index-url", url)]
     with httpx.Client(follow_redirects=True, timeout=120) as client:
         for build in builds:
             done = [w for w in dest.glob("*.whl") if _is(w, build)]
