@@ -9,6 +9,7 @@ from, where engine_runtime must find nothing to change. Prints each scenario's t
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,10 @@ from pathlib import Path
 from tests.lab_images import ENGINE_IMAGE_ENV, ENGINE_IMAGE_REPO, engine_image_tag
 
 ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "reports" / "molecule"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Lines that say why a scenario failed: Ansible's fatal/failed results, pytest's failures.
+WHY = re.compile(r"fatal:|failed=[1-9]|FAILED(?! - RETRYING)|Traceback|ERROR|(^|│ )E {3,}")
 BAKER = ("engine_runtime", "vf-engine-runtime")
 SCENARIOS = [
     "preflight",
@@ -33,9 +38,37 @@ SCENARIOS = [
 
 
 def molecule(role: str, *args: str, env: dict[str, str]) -> int:
+    """Run molecule, echoing its output and keeping it in reports/molecule/ROLE-ACTION.log."""
     print(f"\n=== molecule {' '.join(args)} ({role})", flush=True)
-    cwd = ROOT / "roles" / role
-    return subprocess.run(["molecule", *args], cwd=cwd, env=env, check=False).returncode
+    LOGS.mkdir(parents=True, exist_ok=True)
+    log = LOGS / f"{role}-{args[0]}.log"
+    with (
+        subprocess.Popen(
+            ["molecule", *args],
+            cwd=ROOT / "roles" / role,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        ) as proc,
+        log.open("w") as kept,
+    ):
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            kept.write(line)
+    return proc.returncode
+
+
+def why_it_failed(role: str, context: int = 40) -> str:
+    """The end of a failed scenario's log from its first failure line: CI shows only a tail."""
+    log = LOGS / f"{role}-test.log"
+    lines = [ANSI.sub("", line.rstrip()) for line in log.read_text().splitlines()]
+    first = next((i for i, line in enumerate(lines) if WHY.search(line)), len(lines) - context)
+    start = max(0, first - 5)
+    excerpt = lines[start : start + 3 * context]
+    return "\n".join(f"  | {line}" for line in excerpt)
 
 
 def drop_stale_images(keep: str) -> None:
@@ -78,6 +111,10 @@ def main() -> int:
     print("\nmolecule scenarios:")
     for role, seconds, code in results:
         print(f"  {role:16s} {seconds:6.0f} s  {'ok' if code == 0 else f'FAILED rc={code}'}")
+    for role, _, code in results:
+        if code != 0:
+            print(f"\n--- why {role} failed (whole log: reports/molecule/{role}-test.log)")
+            print(why_it_failed(role))
     passed = sum(1 for _, _, code in results if code == 0)
     print(f"{passed} passed, {1 + len(SCENARIOS) - passed} failed")
     return 0 if passed == 1 + len(SCENARIOS) else 1

@@ -38,6 +38,17 @@ def api(host, address, path, **params):
     return body["data"]
 
 
+def eventually(probe, what: str, timeout: float = 60):
+    """Poll ``probe`` (returns (done, last_seen)) until done; on timeout, say what was seen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done, seen = probe()
+        if done:
+            return seen
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}; last seen {seen}"
+        time.sleep(1)
+
+
 def listeners(host, port):
     return [s for s in host.socket.get_listening_sockets() if s.endswith(f":{port}")]
 
@@ -51,9 +62,13 @@ def test_both_listen_only_on_the_hosts_address(host, address):
 
 
 def test_every_target_is_up(host, address):
-    targets = api(host, address, "targets", state="active")["activeTargets"]
+    def probe():
+        targets = api(host, address, "targets", state="active")["activeTargets"]
+        seen = [(t["labels"]["job"], t["health"], t.get("lastError")) for t in targets]
+        return all(t["health"] == "up" for t in targets), (targets, seen)
+
+    targets, _ = eventually(probe, "every target up")
     assert {t["labels"]["job"] for t in targets} == {"prometheus", "node"}
-    assert all(t["health"] == "up" for t in targets), targets
     (node,) = [t for t in targets if t["labels"]["job"] == "node"]
     assert node["labels"]["fleet_host"] == HOST
 
@@ -65,35 +80,42 @@ def test_every_shipped_alert_is_loaded_and_evaluates(host, address):
         for r in g["rules"]
         if "alert" in r
     }
-    time.sleep(3)  # at least one evaluation after the last (re)load
-    loaded = {
-        r["name"]: r
-        for g in api(host, address, "rules")["groups"]
-        for r in g["rules"]
-        if r["type"] == "alerting"
-    }
+
+    def probe():
+        loaded = {
+            r["name"]: r
+            for g in api(host, address, "rules")["groups"]
+            for r in g["rules"]
+            if r["type"] == "alerting"
+        }
+        # "unknown" until the rule's first evaluation after a (re)load; "err" is a failure.
+        pending = {
+            n: (r["health"], r.get("lastError")) for n, r in loaded.items() if r["health"] != "ok"
+        }
+        return not pending, (loaded, pending)
+
+    loaded, _ = eventually(probe, "every alert rule evaluated without error")
     assert shipped == set(loaded)
-    broken = {name: r.get("lastError") for name, r in loaded.items() if r["health"] != "ok"}
-    assert not broken
 
 
 def test_a_stopped_exporter_is_seen_down_and_back(host, address):
-    def node_up() -> list[str]:
-        result = api(host, address, "query", query='up{job="node"}')["result"]
-        return [r["value"][1] for r in result]
+    def node_is(value: str):
+        def probe():
+            result = api(host, address, "query", query='up{job="node"}')["result"]
+            target = api(host, address, "targets", state="active")["activeTargets"]
+            node = [
+                (t["health"], t.get("lastError")) for t in target if t["labels"]["job"] == "node"
+            ]
+            return [r["value"][1] for r in result] == [value], (result, node)
+
+        return probe
 
     host.check_output("systemctl stop prometheus-node-exporter")
     try:
-        deadline = time.monotonic() + 30
-        while node_up() != ["0"]:
-            assert time.monotonic() < deadline, "Prometheus never saw the exporter down"
-            time.sleep(1)
+        eventually(node_is("0"), "Prometheus sees the exporter down")
     finally:
         host.check_output("systemctl start prometheus-node-exporter")
-    deadline = time.monotonic() + 30
-    while node_up() != ["1"]:
-        assert time.monotonic() < deadline, "Prometheus never saw the exporter back"
-        time.sleep(1)
+    eventually(node_is("1"), "Prometheus sees the exporter back")
 
 
 def test_the_deploy_record_is_local_facts(host):
