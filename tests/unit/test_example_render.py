@@ -58,6 +58,8 @@ def render(inventory: str, tmp_path: Path) -> list[dict]:
             str(playbook), "--check", "--diff", "-c", "local",
             "-e", f"ansible_python_interpreter={sys.executable}", "-e", "ansible_become=false",
             "-e", "preflight_gather=false", "-e", f"preflight_report_dir={tmp_path}",
+            # Its own lock: a deploy running from this checkout must not fail the test.
+            "-e", f"preflight_deploy_lock_path={tmp_path}/deploy.lock",
             "-e", json.dumps(secrets),
             # Compared with a directory that does not exist: the diff is the whole file.
             "-e", f"vllm_engine_config_dir={tmp_path}/engines",

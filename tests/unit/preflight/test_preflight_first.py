@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[3]
 ENTRY_POINTS = ["site.yml", "playbooks/site.yml", "playbooks/upgrade.yml"]
 IMPORT = ("ansible.builtin.import_playbook", "import_playbook")
 VERDICT = "vllm_fleet_preflight"
+# The deploy lock: a flock on a controller file, taken before anything else; no host change.
+LOCK = "vllm_fleet_deploy_lock"
 # Modules that only read the host (command tasks must say so with changed_when: false).
 READ_ONLY = {
     "ansible.builtin.setup",
@@ -73,12 +75,21 @@ def test_nothing_before_the_verdict_changes_a_host():
     modules = [module_of(t) for t in tasks]
     verdict = modules.index(VERDICT)
     for task, module in zip(tasks[:verdict], modules[:verdict], strict=True):
-        assert module in READ_ONLY, (task["name"], module)
+        assert module in READ_ONLY | {LOCK}, (task["name"], module)
         if module == "ansible.builtin.command":
             assert task["changed_when"] is False, task["name"]
     # The verdict runs once, on the controller, for every host of the play.
     assert tasks[verdict]["run_once"] is True
     assert tasks[verdict][VERDICT]["hosts"] == "{{ ansible_play_hosts_all }}"
+
+
+def test_the_deploy_lock_is_taken_first_once_on_the_controller():
+    """Before any probe: a second run is refused before it reaches a host at all."""
+    [first, *rest] = flatten(yaml.safe_load((ROOT / "roles/preflight/tasks/main.yml").read_text()))
+    assert module_of(first) == LOCK
+    assert first["run_once"] is True
+    assert first["delegate_to"] == "localhost"
+    assert LOCK not in map(module_of, rest)
 
 
 def test_the_verdict_is_a_failure_that_changes_nothing():

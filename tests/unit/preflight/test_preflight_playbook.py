@@ -18,7 +18,9 @@ def preflight(inventory: str, tmp_path: Path, *extra: str) -> subprocess.Complet
         [
             PLAYBOOK, "-i", f"inventories/{inventory}", "-i", f"tests/fixtures/facts/{inventory}.yml",
             "playbooks/preflight.yml", "-e", "preflight_gather=false",
-            "-e", f"preflight_report_dir={tmp_path}", *extra,
+            "-e", f"preflight_report_dir={tmp_path}",
+            # Its own lock: a deploy running from this checkout must not fail the test.
+            "-e", f"preflight_deploy_lock_path={tmp_path}/deploy.lock", *extra,
         ],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
