@@ -43,6 +43,10 @@ CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
 ROUTER_TIMEOUT = 3.0
 # EX_CONFIG: the journal shows status=78/CONFIG, which reads as what it is.
 MODEL_INCOMPLETE_EXIT = 78
+# EX_SOFTWARE: vLLM ended without being asked to. Its API server exits 0 after its engine
+# core died (an OOM kill of the model worker, say): with Restart=on-failure, passing that 0 on
+# would leave the group down for good.
+EXITED_UNASKED = 70
 # A model missing 40 shards still gets one readable journal line.
 MAX_PROBLEMS_LOGGED = 5
 
@@ -210,7 +214,10 @@ def run(config_path: Path) -> int:
             status = admit(cfg, membership)
             notify(f"READY=1\nSTATUS=serving {cfg.served_name} on port {cfg.port}{status}")
 
+    asked_to_stop = threading.Event()
+
     def forward(signum: int, _frame: object) -> None:
+        asked_to_stop.set()
         if signum == signal.SIGTERM and not membership.stopping:
             notify("STOPPING=1\nSTATUS=leaving the routers, then draining")
             membership.leave()
@@ -224,6 +231,11 @@ def run(config_path: Path) -> int:
         signal.signal(signum, forward)
     threading.Thread(target=on_ready, name="readiness", daemon=True).start()
     returncode = child.wait()
+    if not asked_to_stop.is_set():
+        log(f"vLLM exited on its own (status {returncode}); failing so systemd restarts the group")
+        membership.leave()
+        reap_all(grace=5)
+        return returncode if returncode > 0 else EXITED_UNASKED
     reap_all(grace=float(cfg.shutdown_timeout) + 5)
     if returncode < 0 and -returncode in FORWARDED:
         return 0

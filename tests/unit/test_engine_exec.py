@@ -30,8 +30,10 @@ FIXTURE_VLLM = textwrap.dedent(
         sys.exit(0)
     signal.signal(signal.SIGTERM, stop)
     open(state + "/ready", "w").write("1")
-    while True:
+    while not os.path.exists(state + "/die"):
         time.sleep(0.05)
+    # As vLLM's API server does once its engine core is gone: a clean exit, unasked.
+    sys.exit(0)
     """
 )
 
@@ -60,7 +62,7 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
+def start_engine_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, dict]:
     state = tmp_path / "state"
     state.mkdir()
     cfg = {
@@ -85,6 +87,11 @@ def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
         [sys.executable, "-m", "vllm_fleet.cli", "engine-run", str(config)], env=env
     )
     wait_for(state / "ready")
+    return wrapper, state, cfg
+
+
+def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
+    wrapper, state, cfg = start_engine_run(tmp_path)
     grandchild = int((state / "grandchild").read_text())
     argv = (state / "argv").read_text()
     assert argv.startswith(f"serve {cfg['model_path']} --served-model-name m")
@@ -94,4 +101,14 @@ def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
     assert wrapper.wait(timeout=30) == 0
     assert (state / "got").read_text() == str(int(signal.SIGTERM))
     # The orphaned grandchild was adopted by the wrapper and killed after the grace time.
+    assert not pid_alive(grandchild)
+
+
+def test_vllm_exiting_unasked_with_status_0_is_a_failure_systemd_restarts(tmp_path):
+    wrapper, state, _ = start_engine_run(tmp_path)
+    grandchild = int((state / "grandchild").read_text())
+    (state / "die").write_text("1")
+    # Not 0: with Restart=on-failure a 0 here would leave the group down for good.
+    assert wrapper.wait(timeout=30) == 70
+    assert not (state / "got").exists()
     assert not pid_alive(grandchild)
