@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e test bench bench-router bench-upgrade bench-hash plan clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e chaos test bench bench-router bench-upgrade bench-hash plan clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -52,8 +52,11 @@ unit: venv ## unit tests of the vllm_fleet package (installs the fixtures' host 
 molecule: prepare ## every role's Molecule scenario (real systemd containers, real engines)
 	$(BIN)/python -m tests.molecule_runner
 
-e2e: prepare ## the lab end to end: fresh lab, site.yml, idempotence, corruption, secrets
+e2e: prepare ## the lab end to end: fresh lab, site.yml, idempotence, secrets; the fault matrix last
 	$(BIN)/pytest --durations=40 tests/lab
+
+chaos: prepare ## the fault matrix alone, on a fresh lab (VLLM_FLEET_LAB_REUSE=1: the running one)
+	$(BIN)/pytest tests/lab/test_chaos_lab.py
 
 test: lint unit molecule e2e ## everything CI runs
 

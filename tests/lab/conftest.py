@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from tests.lab_images import engine_image_tag
+from vllm_fleet.deploy_lock import read_record
+from vllm_fleet.lab.client_load import LoadStats
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))
@@ -96,10 +98,44 @@ def fresh_lab() -> Iterator[PlaybookRun]:
     yield first
 
 
+@dataclass
+class TwoRuns:
+    """site.yml run twice at once: the first holds the deploy lock, the second is refused."""
+
+    first: PlaybookRun
+    second: PlaybookRun
+    lock_taken: float  # seconds after the first started
+    first_pid: int
+
+
 @pytest.fixture(scope="session")
-def second_run(fresh_lab: PlaybookRun) -> PlaybookRun:
-    """site.yml again on the converged lab, at -vvv (the secrets test reads its output)."""
-    return playbook("site.yml", "-vvv")
+def two_runs(fresh_lab: PlaybookRun, tmp_path_factory: pytest.TempPathFactory) -> TwoRuns:
+    """site.yml again on the converged lab, at -vvv (the secrets test reads its output), and a
+    second site.yml started while it holds the deploy lock."""
+    log = tmp_path_factory.mktemp("second-run") / "site.log"
+    started = time.monotonic()
+    with log.open("w") as out:
+        first = subprocess.Popen(
+            ["ansible-playbook", "site.yml", "-vvv"], cwd=ROOT, stdout=out, stderr=out
+        )
+    lock_taken = 0.0
+    while (record := read_record(ROOT / ".deploy.lock")) is None or record.pid != first.pid:
+        lock_taken = time.monotonic() - started
+        assert first.poll() is None and lock_taken < 300, log.read_text()[-3000:]
+        time.sleep(0.2)
+    second = playbook("site.yml")
+    returncode = first.wait()
+    return TwoRuns(
+        PlaybookRun(returncode, log.read_text(), time.monotonic() - started),
+        second,
+        lock_taken,
+        first.pid,
+    )
+
+
+@pytest.fixture(scope="session")
+def second_run(two_runs: TwoRuns) -> PlaybookRun:
+    return two_runs.first
 
 
 def smoke_in(
@@ -117,3 +153,52 @@ def smoke_in(
 
 def engine_settings(host: str) -> dict[str, object]:
     return json.loads(in_host(host, "cat", "/etc/vllm-fleet/engines/g0.json").stdout)
+
+
+@dataclass
+class ChaosRow:
+    """One fault of the matrix and what it cost."""
+
+    fault: str
+    detected: float | None  # seconds from the fault until the fleet noticed it
+    recovered: float  # seconds from the fault until it served fully again
+    stats: LoadStats
+    lost: int  # files of the serving revision missing or changed afterwards
+    note: str = ""
+
+    def line(self) -> str:
+        detected = "-" if self.detected is None else f"{self.detected:.1f}"
+        stats = self.stats
+        return (
+            f"{self.fault:28s} {detected:>8s} {self.recovered:>9.1f} {stats.plain_ok:>5d} "
+            f"{stats.plain_retried:>7d} {stats.plain_failed:>6d} {stats.streams_ok:>5d} "
+            f"{stats.streams_cut:>4d} {stats.streams_refused:>7d} {self.lost:>5d}  {self.note}"
+        )
+
+
+CHAOS_MATRIX: list[ChaosRow] = []
+CHAOS_HEADER = (
+    f"{'fault':28s} {'detect s':>8s} {'recover s':>9s} {'ok':>5s} {'retried':>7s} "
+    f"{'failed':>6s} {'s.ok':>5s} {'cut':>4s} {'refused':>7s} {'lost':>5s}  note"
+)
+CHAOS_LEGEND = (
+    "ok/retried/failed: non-streaming requests (retried = succeeded after a client retry); "
+    "s.ok/cut/refused: streams (cut = broken off after they started); "
+    "lost: files of the serving revision missing or changed afterwards"
+)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The fault matrix, at the end of the run where CI's tail shows it."""
+    if not CHAOS_MATRIX:
+        return
+    terminalreporter.section("fault matrix")
+    terminalreporter.write_line(CHAOS_LEGEND)
+    terminalreporter.write_line(CHAOS_HEADER)
+    for row in CHAOS_MATRIX:
+        terminalreporter.write_line(row.line())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fault matrix runs last: its restarts must not disturb the other lab tests."""
+    items.sort(key=lambda item: item.path.name == "test_chaos_lab.py")

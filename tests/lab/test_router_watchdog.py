@@ -1,8 +1,7 @@
-"""The router and the watchdog in the lab: traffic, keys, and four faults under client load.
+"""The router and the watchdog in the lab: traffic, keys, admission, a restart budget.
 
-Each fault runs with a bounded client load through the router (3 non-streaming clients,
-1 streaming). Non-streaming requests must all succeed during (a) and (b): the router
-retries them on the other engine. Streams cut on a killed engine are counted and printed.
+The faults under client load (kill -9, hang, restarts, partition...) are the chaos matrix in
+test_chaos_lab.py.
 """
 
 from __future__ import annotations
@@ -11,96 +10,30 @@ import asyncio
 import concurrent.futures
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.lab.conftest import ROOT, in_host
-from vllm_fleet.lab.client_load import ClientLoad, LoadStats
-
-ROUTER = "http://127.0.0.1:30000"
-ENGINE_URLS = {"engine01": "http://engine01:8100", "engine02": "http://engine02:8100"}
-DIRECT = {"engine01": "http://127.0.0.1:8101", "engine02": "http://127.0.0.1:8102"}
-UNIT = "vllm-engine@g0.service"
-MODEL = "smollm2"
-# The bracket keeps pkill from matching the shell that runs it.
-KILL_VLLM = "pkill -KILL -f 'bin/[v]llm serve'; pkill -KILL '^VLLM::'"
-# inventories/lab/group_vars/all/fleet.yml: fleet_watchdog
-INTERVAL, PROBE_TIMEOUT, THRESHOLD, BUDGET = 2, 10, 3, 3
-# Each failed observation: the probe's timeout, then 2 s for the engine's progress counters.
-DETECTION_BOUND = THRESHOLD * (INTERVAL + PROBE_TIMEOUT + 2) + 10
-START_BOUND = 300
-
-
-def secret(name: str) -> str:
-    return (ROOT / ".lab/secrets" / name).read_text().strip()
-
-
-def workers() -> dict[str, bool]:
-    """Worker URL -> healthy, as the router sees them."""
-    headers = {"Authorization": f"Bearer {secret('router_control_key')}"}
-    try:
-        response = httpx.get(f"{ROUTER}/workers", headers=headers, timeout=3)
-        return {w["url"]: bool(w["is_healthy"]) for w in response.json()["workers"]}
-    except (httpx.HTTPError, ValueError, KeyError):
-        return {}
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str, poll: float = 0.25) -> float:
-    """Seconds until ``check`` held; fails the test after ``timeout``."""
-    started = time.monotonic()
-    while not check():
-        elapsed = time.monotonic() - started
-        assert elapsed < timeout, f"not within {timeout:.0f} s: {what}"
-        time.sleep(poll)
-    return time.monotonic() - started
-
-
-def unit_show(host: str, *props: str) -> dict[str, str]:
-    out = in_host(host, "systemctl", "show", UNIT, *(f"--property={p}" for p in props)).stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def watchdog_metrics(host: str) -> dict[str, float]:
-    """The watchdog's samples for g0 (it listens on the host's own address)."""
-    script = (
-        "import socket, urllib.request;"
-        "a = socket.gethostbyname(socket.gethostname());"
-        "print(urllib.request.urlopen(f'http://{a}:9410/metrics', timeout=5).read().decode())"
-    )
-    text = in_host(host, "python3", "-c", script).stdout
-    samples = {}
-    for line in text.splitlines():
-        if line.startswith("vllm_fleet_watchdog_") and 'group="g0"' in line:
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
-    return samples
-
-
-def watchdog_state(host: str) -> str:
-    for name, value in watchdog_metrics(host).items():
-        if name.startswith("vllm_fleet_watchdog_state{") and value == 1.0:
-            return name.split('state="', 1)[1].split('"', 1)[0]
-    return "unknown"
-
-
-def restarts(host: str) -> float:
-    return watchdog_metrics(host).get('vllm_fleet_watchdog_restarts_total{group="g0"}', 0.0)
-
-
-def both_in_rotation() -> bool:
-    seen = workers()
-    return all(seen.get(url) is True for url in ENGINE_URLS.values())
-
-
-def load() -> ClientLoad:
-    return ClientLoad(ROUTER, secret("router_client_key"), MODEL, plain=3, streams=1)
-
-
-def report(fault: str, stats: LoadStats, **timings: float) -> None:
-    spent = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
-    print(f"\n[{fault}] {spent}; {stats.line()}")
+from tests.lab.conftest import in_host
+from tests.lab.faults import (
+    BUDGET,
+    DIRECT,
+    ENGINE_URLS,
+    KILL_VLLM,
+    MODEL,
+    ROUTER,
+    START_BOUND,
+    UNIT,
+    both_in_rotation,
+    load,
+    restarts,
+    secret,
+    unit_show,
+    wait_until,
+    watchdog_state,
+    workers,
+)
 
 
 @pytest.fixture
@@ -201,69 +134,6 @@ def test_excess_load_is_refused_fast_with_429(lab):
     )
     assert set(codes) <= {200, 429}
     assert codes.count(200) >= 32 and len(refused) >= 1
-
-
-def test_a_killed_engine_is_ejected_restarted_and_readmitted(lab):
-    host, url = "engine01", ENGINE_URLS["engine01"]
-    before = int(unit_show(host, "NRestarts")["NRestarts"])
-    with load() as clients:
-        time.sleep(3)
-        # vLLM's processes die (an OOM kill, a segfault); the agent that supervises them
-        # exits non-zero and systemd restarts the unit. (Killing the agent too would leave
-        # systemd waiting 60 s for a cgroup-empty event it never gets in a cgroup-v1
-        # container; on a host with cgroup v2 that case restarts as fast.)
-        in_host(host, "sh", "-c", KILL_VLLM)
-        ejected = wait_until(lambda: workers().get(url) is not True, 30, "router ejects it")
-        restarted = wait_until(
-            lambda: int(unit_show(host, "NRestarts")["NRestarts"]) > before,
-            60,
-            "systemd restarts the unit",
-        )
-        readmitted = wait_until(
-            lambda: workers().get(url) is True, START_BOUND, "back in the router's rotation"
-        )
-        time.sleep(3)
-    stats = clients.stats
-    report("kill -9", stats, ejected=ejected, restart_scheduled=restarted, readmitted=readmitted)
-    assert stats.plain_failed == 0, stats.failures[:5]
-    assert stats.plain_ok > 0
-
-
-def test_a_hung_engine_is_restarted_by_the_watchdog(lab):
-    host, url = "engine01", ENGINE_URLS["engine01"]
-    show = unit_show(host, "MainPID", "InvocationID")
-    vllm_pid = in_host(host, "ps", "--ppid", show["MainPID"], "-o", "pid=").stdout.split()[0]
-    restarts_before = restarts(host)
-    with load() as clients:
-        time.sleep(3)
-        in_host(host, "kill", "-STOP", vllm_pid)
-        detected = wait_until(
-            lambda: restarts(host) > restarts_before, DETECTION_BOUND, "the watchdog restarts it"
-        )
-        relaunched = wait_until(
-            lambda: unit_show(host, "InvocationID")["InvocationID"] != show["InvocationID"],
-            60,
-            "a new invocation of the unit",
-        )
-        back = wait_until(
-            lambda: workers().get(url) is True, START_BOUND, "back in the router's rotation"
-        )
-        time.sleep(3)
-    stats = clients.stats
-    report("SIGSTOP", stats, restart_ordered=detected, relaunched=relaunched, serving=back)
-    assert restarts(host) == restarts_before + 1
-    assert stats.plain_failed == 0, stats.failures[:5]
-    assert stats.plain_ok > 0
-
-
-def test_a_restarted_router_has_every_engine_back_within_10_s(lab):
-    with load() as clients:
-        time.sleep(2)
-        in_host("router01", "systemctl", "restart", "vllm-fleet-router.service")
-        back = wait_until(both_in_rotation, 10, "both engines registered again")
-        time.sleep(2)
-    stats = clients.stats
-    report("router restart", stats, both_back=back)
 
 
 FAULT_DROPIN = "/run/systemd/system/vllm-engine@g0.service.d/50-fault.conf"

@@ -29,7 +29,7 @@ from tests.lab.conftest import (
     playbook,
     smoke_in,
 )
-from tests.lab.test_router_watchdog import ENGINE_URLS, MODEL, ROUTER, secret, wait_until, workers
+from tests.lab.faults import ENGINE_URLS, MODEL, ROUTER, secret, wait_until, workers
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.rotation import RotationSampler
 from vllm_fleet.lab.variants import inventory_variant, publish_revision, remove_revision

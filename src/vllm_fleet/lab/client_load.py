@@ -2,7 +2,9 @@
 
 Non-streaming requests must all succeed (the router retries them on another engine);
 a stream that already started on an engine that dies cannot be retried by either router,
-so cut streams are counted separately.
+so cut streams are counted separately. With ``retries`` the non-streaming clients retry a
+refused connection or a 502/503/504 as the OpenAI SDK does by default (2 retries, backoff
+from 0.5 s): the figure for faults no router can retry, such as the router itself dying.
 """
 
 from __future__ import annotations
@@ -18,16 +20,20 @@ import httpx
 class LoadStats:
     plain_ok: int = 0
     plain_failed: int = 0
+    plain_retried: int = 0  # succeeded, but only after a retry
     streams_ok: int = 0
-    streams_cut: int = 0
+    streams_cut: int = 0  # started, then broken off before [DONE]
+    streams_refused: int = 0  # no response at all (nothing listening, connection reset)
     plain_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         worst = max(self.plain_seconds, default=0.0)
+        retried = f", {self.plain_retried} after a client retry" if self.plain_retried else ""
         return (
-            f"non-streaming {self.plain_ok} ok / {self.plain_failed} failed "
+            f"non-streaming {self.plain_ok} ok{retried} / {self.plain_failed} failed "
             f"(slowest {worst:.1f} s); streams {self.streams_ok} ok / {self.streams_cut} cut"
+            f" / {self.streams_refused} refused"
         )
 
 
@@ -35,9 +41,17 @@ class ClientLoad:
     """``plain`` threads of short completions and ``streams`` threads of streamed ones."""
 
     def __init__(
-        self, base_url: str, key: str, model: str, plain: int = 3, streams: int = 1
+        self,
+        base_url: str,
+        key: str,
+        model: str,
+        plain: int = 3,
+        streams: int = 1,
+        *,
+        retries: int = 0,
     ) -> None:
         self.base_url = base_url
+        self.retries = retries
         self.headers = {"Authorization": f"Bearer {key}"}
         self.model = model
         self.stats = LoadStats()
@@ -79,31 +93,44 @@ class ClientLoad:
             while not self._stop.is_set():
                 n += 1
                 started = time.monotonic()
-                try:
-                    response = client.post("/v1/completions", json=self._body(worker, n, False))
-                    ok = response.status_code == 200 and bool(response.json().get("choices"))
-                    detail = f"HTTP {response.status_code}: {response.text[:160]}"
-                except httpx.HTTPError as err:
-                    ok, detail = False, f"{type(err).__name__}: {err}"
+                attempt = 0
+                while True:
+                    ok, detail, retryable = self._attempt(client, worker, n)
+                    if ok or not retryable or attempt >= self.retries:
+                        break
+                    time.sleep(min(0.5 * 2**attempt, 8.0))
+                    attempt += 1
                 with self._lock:
                     self.stats.plain_seconds.append(time.monotonic() - started)
                     if ok:
                         self.stats.plain_ok += 1
+                        self.stats.plain_retried += attempt > 0
                     else:
                         self.stats.plain_failed += 1
                         self.stats.failures.append(detail)
                 if not ok:
                     time.sleep(0.2)  # a client backs off rather than spin on a refusal
 
+    def _attempt(self, client: httpx.Client, worker: int, n: int) -> tuple[bool, str, bool]:
+        """One try: (ok, what went wrong, whether a client would retry it)."""
+        try:
+            response = client.post("/v1/completions", json=self._body(worker, n, False))
+        except httpx.TransportError as err:
+            return False, f"{type(err).__name__}: {err}", True
+        ok = response.status_code == 200 and bool(response.json().get("choices"))
+        detail = f"HTTP {response.status_code}: {response.text[:160]}"
+        return ok, detail, response.status_code in (502, 503, 504)
+
     def _stream_loop(self, worker: int) -> None:
         with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=90) as client:
             n = 0
             while not self._stop.is_set():
                 n += 1
-                done = False
+                done = answered = False
                 try:
                     body = self._body(100 + worker, n, True)
                     with client.stream("POST", "/v1/completions", json=body) as response:
+                        answered = True
                         for line in response.iter_lines():
                             if line.strip() == "data: [DONE]":
                                 done = True
@@ -112,7 +139,9 @@ class ClientLoad:
                 with self._lock:
                     if done:
                         self.stats.streams_ok += 1
-                    else:
+                    elif answered:
                         self.stats.streams_cut += 1
+                    else:
+                        self.stats.streams_refused += 1
                 if not done:
                     time.sleep(0.2)

@@ -1,0 +1,600 @@
+"""The fault matrix (``make chaos``): one fault at a time under a bounded client load.
+
+Each case runs 3 non-streaming clients and 1 streaming client through the router, injects
+its fault, measures how long the fleet took to notice (detected) and to serve fully again
+(recovered) with no operator action, and adds a row to the matrix that the session prints
+at its end (tests/lab/conftest.py): failed non-streaming requests, streams cut, and data
+lost (the serving revision's files re-hashed against their manifest afterwards).
+
+The router retries a non-streaming request on another engine, so engine faults must cost
+no non-streaming request. A stream already running on an engine that dies cannot be
+retried by the router (it has sent bytes): those are counted as cut. Nothing can retry
+for a router that itself dies, so the router cases run clients that retry as the OpenAI
+SDK does (2 retries, backoff from 0.5 s) and print both figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.lab.conftest import (
+    CACHE,
+    CHAOS_MATRIX,
+    ChaosRow,
+    TwoRuns,
+    engine_key,
+    in_host,
+    pinned_revision,
+)
+from tests.lab.faults import (
+    DETECTION_BOUND,
+    DIRECT,
+    ENGINE_URLS,
+    KILL_VLLM,
+    MODEL,
+    ROUTER,
+    START_BOUND,
+    UNIT,
+    both_in_rotation,
+    restarts,
+    secret,
+    unit_show,
+    wait_until,
+    watchdog_state,
+    workers,
+)
+from vllm_fleet.lab.client_load import ClientLoad, LoadStats
+from vllm_fleet.lab.variants import LAB_MODEL, publish_revision, remove_revision
+
+MODEL_DIR = f"/srv/models/{LAB_MODEL}"
+WEIGHTS = f"{MODEL_DIR}/current"
+MIRROR_UNIT = "vllm-fleet-lab-mirror.service"
+MIRROR_URL = f"http://router01:8088/models/{LAB_MODEL}"
+ROUTER_UNIT = "vllm-fleet-router.service"
+WATCHDOG_UNIT = "vllm-fleet-watchdog.service"
+# OpenAI's Python SDK retries a connection error or a 5xx twice by default.
+SDK_RETRIES = 2
+
+
+def clients(retries: int = 0) -> ClientLoad:
+    return ClientLoad(
+        ROUTER, secret("router_client_key"), MODEL, plain=3, streams=1, retries=retries
+    )
+
+
+def files_lost(*hosts: str) -> int:
+    """Files of the serving revision missing or changed, re-hashed in full on each host."""
+    lost = 0
+    for host in hosts:
+        result = in_host(host, "vllm-fleet", "weights", "verify", "--full", WEIGHTS, check=False)
+        if result.returncode != 0:
+            print(f"\n{host}: {result.stdout[-1500:]}{result.stderr[-1500:]}")
+            lost += max(1, result.stdout.count("\n"))
+    return lost
+
+
+def a_completion_answers() -> bool:
+    body = {"model": MODEL, "prompt": "Say hi.", "max_tokens": 2}
+    headers = {"Authorization": f"Bearer {secret('router_client_key')}"}
+    try:
+        response = httpx.post(f"{ROUTER}/v1/completions", json=body, headers=headers, timeout=30)
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200
+
+
+def record(
+    fault: str,
+    stats: LoadStats,
+    detected: float | None,
+    recovered: float,
+    lost: int,
+    note: str = "",
+) -> ChaosRow:
+    row = ChaosRow(fault, detected, recovered, stats, lost, note)
+    CHAOS_MATRIX.append(row)
+    print(f"\n{row.line()}")
+    for failure in stats.failures[:3]:
+        print(f"  a failed request: {failure}")
+    return row
+
+
+def container_pid(name: str) -> str:
+    out = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.Pid}}", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def container_address(name: str) -> str:
+    return in_host(name, "hostname", "-I").stdout.split()[0]
+
+
+def in_netns(name: str, *argv: str) -> None:
+    """Run a host tool (ip) in the lab container's own network namespace, and only there."""
+    subprocess.run(["nsenter", "-t", container_pid(name), "-n", *argv], check=True)
+
+
+def unit_active_and_enabled(host: str, unit: str) -> bool:
+    active = in_host(host, "systemctl", "is-active", unit, check=False).stdout.strip()
+    enabled = in_host(host, "systemctl", "is-enabled", unit, check=False).stdout.strip()
+    return (active, enabled) == ("active", "enabled")
+
+
+@pytest.fixture
+def chaos(fresh_lab) -> Iterator[None]:
+    assert fresh_lab.returncode == 0, fresh_lab.output[-3000:]
+    wait_until(both_in_rotation, START_BOUND, "both engines in the router's rotation")
+    yield
+    # Whatever a case did, the next one starts from a fleet that serves fully.
+    wait_until(both_in_rotation, START_BOUND, "both engines back in rotation after the case")
+
+
+def test_engine_sigkill(chaos):
+    host, url = "engine01", ENGINE_URLS["engine01"]
+    before = int(unit_show(host, "NRestarts")["NRestarts"])
+    with clients() as load:
+        time.sleep(3)
+        started = time.monotonic()
+        # vLLM's processes die (a segfault, a kill -9); the agent that supervises them exits
+        # non-zero and systemd restarts the unit.
+        in_host(host, "sh", "-c", KILL_VLLM)
+        ejected = wait_until(lambda: workers().get(url) is not True, 30, "router ejects it")
+        wait_until(
+            lambda: int(unit_show(host, "NRestarts")["NRestarts"]) > before,
+            60,
+            "systemd restarts the unit",
+        )
+        wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
+        recovered = time.monotonic() - started
+        time.sleep(3)
+    row = record("engine SIGKILL", load.stats, ejected, recovered, files_lost(host))
+    assert row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.stats.plain_ok > 0
+    assert row.lost == 0
+
+
+def test_engine_sigstop_hang(chaos):
+    host, url = "engine01", ENGINE_URLS["engine01"]
+    show = unit_show(host, "MainPID", "InvocationID")
+    vllm_pid = in_host(host, "ps", "--ppid", show["MainPID"], "-o", "pid=").stdout.split()[0]
+    restarts_before = restarts(host)
+    with clients() as load:
+        time.sleep(3)
+        started = time.monotonic()
+        in_host(host, "kill", "-STOP", vllm_pid)
+        detected = wait_until(
+            lambda: restarts(host) > restarts_before, DETECTION_BOUND, "the watchdog restarts it"
+        )
+        wait_until(
+            lambda: unit_show(host, "InvocationID")["InvocationID"] != show["InvocationID"],
+            60,
+            "a new invocation of the unit",
+        )
+        wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
+        recovered = time.monotonic() - started
+        time.sleep(3)
+    row = record(
+        "engine SIGSTOP (hang)",
+        load.stats,
+        detected,
+        recovered,
+        files_lost(host),
+        "detected = the watchdog's restart",
+    )
+    assert restarts(host) == restarts_before + 1
+    assert row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.stats.plain_ok > 0
+    assert row.lost == 0
+
+
+def test_router_killed(chaos):
+    before = int(in_host("router01", "systemctl", "show", ROUTER_UNIT, "-P", "NRestarts").stdout)
+    with clients(retries=SDK_RETRIES) as load:
+        time.sleep(3)
+        started = time.monotonic()
+        in_host("router01", "systemctl", "kill", "--signal=SIGKILL", ROUTER_UNIT)
+        detected = wait_until(
+            lambda: (
+                int(in_host("router01", "systemctl", "show", ROUTER_UNIT, "-P", "NRestarts").stdout)
+                > before
+            ),
+            30,
+            "systemd restarts the router",
+        )
+        wait_until(both_in_rotation, 60, "both engines registered again")
+        wait_until(a_completion_answers, 60, "a completion through the router")
+        recovered = time.monotonic() - started
+        time.sleep(3)
+    row = record(
+        "router SIGKILL",
+        load.stats,
+        detected,
+        recovered,
+        files_lost("engine01", "engine02"),
+        "clients retry as the OpenAI SDK does; in-flight requests die with the router",
+    )
+    assert row.stats.plain_ok > 0
+    assert row.lost == 0
+
+
+def test_router_host_restarted(chaos):
+    with clients(retries=SDK_RETRIES) as load:
+        time.sleep(3)
+        started = time.monotonic()
+        subprocess.run(["podman", "restart", "router01"], check=True, capture_output=True)
+        detected = wait_until(a_completion_answers, 120, "the router answers again")
+        wait_until(both_in_rotation, 120, "both engines registered again")
+        recovered = time.monotonic() - started
+        time.sleep(3)
+    assert unit_active_and_enabled("router01", ROUTER_UNIT)
+    assert unit_active_and_enabled("router01", "vllm-fleet-lab-mirror.service")
+    row = record(
+        "router host restart",
+        load.stats,
+        detected,
+        recovered,
+        files_lost("engine01", "engine02"),
+        "one router: the fleet is down while its host reboots",
+    )
+    assert row.stats.plain_ok > 0
+    assert row.lost == 0
+
+
+def test_engine_host_restarted(chaos):
+    host, url = "engine02", ENGINE_URLS["engine02"]
+    address = container_address(host)
+    with clients() as load:
+        time.sleep(3)
+        started = time.monotonic()
+        subprocess.run(["podman", "restart", host], check=True, capture_output=True)
+        ejected = wait_until(lambda: workers().get(url) is not True, 60, "router ejects it")
+        wait_until(lambda: workers().get(url) is True, START_BOUND, "re-registered, serving")
+        recovered = time.monotonic() - started
+        time.sleep(3)
+    assert container_address(host) == address, "the engine binds its deploy-time address"
+    for unit in (UNIT, WATCHDOG_UNIT):
+        assert unit_active_and_enabled(host, unit), unit
+    row = record("engine host restart", load.stats, ejected, recovered, files_lost(host))
+    assert row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.stats.plain_ok > 0
+    assert row.lost == 0
+
+
+def test_watchdog_killed(chaos):
+    host = "engine01"
+    engine_pid = unit_show(host, "MainPID")["MainPID"]
+    before = int(in_host(host, "systemctl", "show", WATCHDOG_UNIT, "-P", "NRestarts").stdout)
+    with clients() as load:
+        time.sleep(3)
+        started = time.monotonic()
+        in_host(host, "systemctl", "kill", "--signal=SIGKILL", WATCHDOG_UNIT)
+        detected = wait_until(
+            lambda: (
+                int(in_host(host, "systemctl", "show", WATCHDOG_UNIT, "-P", "NRestarts").stdout)
+                > before
+            ),
+            30,
+            "systemd restarts the watchdog",
+        )
+        wait_until(lambda: watchdog_state(host) == "healthy", 60, "the watchdog probes again")
+        recovered = time.monotonic() - started
+        time.sleep(3)
+    # The engine it supervises was left alone.
+    assert unit_show(host, "MainPID")["MainPID"] == engine_pid
+    row = record("watchdog SIGKILL", load.stats, detected, recovered, files_lost(host))
+    assert row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.lost == 0
+
+
+def test_partition_between_router_and_one_engine(chaos):
+    host, url = "engine01", ENGINE_URLS["engine01"]
+    target = f"{container_address(host)}/32"
+    with clients() as load:
+        time.sleep(3)
+        started = time.monotonic()
+        # Packets from router01 to engine01 vanish (a blackhole route in router01's own
+        # network namespace): no reset, no refusal, as when a link or a switch port dies.
+        in_netns("router01", "ip", "route", "add", "blackhole", target)
+        try:
+            ejected = wait_until(lambda: workers().get(url) is not True, 60, "router ejects it")
+            time.sleep(10)  # partitioned a while, serving on the other engine
+        finally:
+            in_netns("router01", "ip", "route", "del", "blackhole", target)
+        healed = time.monotonic()
+        wait_until(lambda: workers().get(url) is True, 120, "readmitted after the partition")
+        recovered = time.monotonic() - started
+        readmitted = time.monotonic() - healed
+        time.sleep(3)
+    row = record(
+        "partition router-engine01",
+        load.stats,
+        ejected,
+        recovered,
+        files_lost(host),
+        f"10 s partitioned; readmitted {readmitted:.1f} s after it healed",
+    )
+    assert row.stats.plain_ok > 0
+    assert row.lost == 0
+
+
+@pytest.fixture(scope="module")
+def revision_b() -> Iterator[str]:
+    """A second valid revision of the lab's model in the mirror, for the fetch faults."""
+    revision = publish_revision(CACHE, "revision B of the fault matrix")
+    yield revision
+    remove_revision(CACHE, revision)
+
+
+@contextlib.contextmanager
+def mirror_throttled() -> Iterator[None]:
+    """The mirror's host sends at 160 Mbit/s, so a fetch lasts long enough to be cut."""
+    qdisc = ["dev", "eth0", "root"]
+    in_netns("router01", "tc", "qdisc", "add", *qdisc, "tbf", "rate", "160mbit",
+             "burst", "256kb", "latency", "400ms")  # fmt: skip
+    try:
+        yield
+    finally:
+        in_netns("router01", "tc", "qdisc", "del", *qdisc)
+
+
+def fetch_argv(revision: str) -> list[str]:
+    """The same fetch the model_weights role runs, started by hand on the host."""
+    return ["vllm-fleet", "weights", "fetch", f"--name={LAB_MODEL}", f"--revision={revision}",
+            f"--url={MIRROR_URL}", "--root=/srv/models"]  # fmt: skip
+
+
+def start_fetch(host: str, revision: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        ["podman", "exec", host, *fetch_argv(revision)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def staged_bytes(host: str, revision: str) -> int:
+    out = in_host(host, "du", "-sb", f"{MODEL_DIR}/.staging-{revision}", check=False).stdout
+    return int(out.split()[0]) if out else 0
+
+
+def current_revision(host: str) -> str:
+    return in_host(host, "readlink", WEIGHTS).stdout.strip()
+
+
+def test_mirror_unreachable_during_a_fetch(chaos, revision_b):
+    host, serving = "engine02", pinned_revision()
+    engine_pid = unit_show(host, "MainPID")["MainPID"]
+    with mirror_throttled(), clients() as load:
+        fetch = start_fetch(host, revision_b)
+        wait_until(lambda: staged_bytes(host, revision_b) > 20e6, 60, "the fetch under way")
+        started = time.monotonic()
+        in_host("router01", "systemctl", "stop", MIRROR_UNIT)
+        try:
+            output, _ = fetch.communicate(timeout=300)
+            detected = time.monotonic() - started
+        finally:
+            in_host("router01", "systemctl", "start", MIRROR_UNIT)
+        kept = staged_bytes(host, revision_b)
+        # The mirror is back: the next run resumes from what was staged.
+        resumed = in_host(host, *fetch_argv(revision_b), check=False)
+        recovered = time.monotonic() - started
+    print(f"\nfetch with the mirror gone (exit {fetch.returncode}): {output[-800:]}")
+    print(f"{kept} bytes kept for the resume; resumed: {resumed.stdout[-400:]}")
+    try:
+        assert fetch.returncode != 0
+        assert (
+            MIRROR_URL.split("/models", maxsplit=1)[0].split("//")[1] in output
+            or "mirror" in output
+        )
+        assert "Traceback" not in output
+        assert kept > 20e6, "what was fetched is kept for the next run"
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert unit_show(host, "MainPID")["MainPID"] == engine_pid, "the engine kept serving"
+    finally:
+        # Back to the revision the inventory pins (installed: only the link moves).
+        in_host(host, *fetch_argv(serving))
+        in_host(host, "rm", "-rf", f"{MODEL_DIR}/{revision_b}")
+    assert current_revision(host) == serving
+    row = record(
+        "mirror down during a fetch",
+        load.stats,
+        detected,
+        recovered,
+        files_lost(host),
+        f"the fetch fails naming the mirror; {kept / 1e6:.0f} MB kept, resumed when it is back",
+    )
+    assert row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.lost == 0
+
+
+@contextlib.contextmanager
+def small_model_disk(host: str) -> Iterator[None]:
+    """/srv/models on a 1.8 GB tmpfs holding a copy of what is there (host-side mount in the
+    container's own mount namespace: the container itself may not mount)."""
+    script = (
+        "mkdir -p /run/chaos-models && mount -t tmpfs -o size=1800m chaos /run/chaos-models"
+        " && cp -dR --preserve=mode,ownership,timestamps /srv/models/. /run/chaos-models/"
+        " && mount --bind /run/chaos-models /srv/models"
+    )
+    subprocess.run(
+        ["nsenter", "-t", container_pid(host), "-m", "-p", "sh", "-c", script], check=True
+    )
+    try:
+        yield
+    finally:
+        undo = "umount /srv/models; umount /run/chaos-models; rmdir /run/chaos-models"
+        subprocess.run(
+            ["nsenter", "-t", container_pid(host), "-m", "-p", "sh", "-c", undo], check=False
+        )
+
+
+def test_disk_full_during_a_fetch(chaos, revision_b):
+    host, serving = "engine02", pinned_revision()
+    engine_pid = unit_show(host, "MainPID")["MainPID"]
+    with small_model_disk(host), mirror_throttled(), clients() as load:
+        fetch = start_fetch(host, revision_b)
+        wait_until(lambda: staged_bytes(host, revision_b) > 20e6, 60, "the fetch under way")
+        started = time.monotonic()
+        # Something else (logs, a core dump) takes the rest of the disk mid-fetch.
+        fill = "fallocate -l $(($(df -B1 --output=avail /srv/models | tail -1) - 1048576))"
+        # cat stops at ENOSPC: the disk is then full to the last block.
+        in_host(
+            host,
+            "sh",
+            "-c",
+            f"{fill} /srv/models/filler; cat /dev/zero > /srv/models/f2",
+            check=False,
+        )
+        output, _ = fetch.communicate(timeout=300)
+        detected = time.monotonic() - started
+        staging_left = in_host(host, "ls", "-a", MODEL_DIR).stdout.split()
+        current = current_revision(host)
+        lost = files_lost(host)
+        in_host(host, "rm", "-f", "/srv/models/filler", "/srv/models/f2")
+        recovered = time.monotonic() - started
+    print(f"\nfetch on a full disk (exit {fetch.returncode}): {output[-800:]}")
+    assert fetch.returncode != 0
+    assert "Traceback" not in output
+    assert not [n for n in staging_left if n.startswith(".staging-")], staging_left
+    assert current == serving
+    assert unit_show(host, "MainPID")["MainPID"] == engine_pid, "the engine kept serving"
+    row = record(
+        "disk full during a fetch",
+        load.stats,
+        detected,
+        recovered,
+        lost,
+        "the fetch fails naming the file; staging freed; the pinned revision serves",
+    )
+    assert row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.lost == 0
+
+
+def test_two_site_runs_at_once_the_second_is_refused(two_runs: TwoRuns):
+    """A second operator (or a timer) starts site.yml while a run is under way."""
+    refused, first = two_runs.second, two_runs.first
+    print(f"\nthe refused run ({refused.seconds:.1f} s, exit {refused.returncode}):")
+    print("\n".join(line for line in refused.output.splitlines() if "lock" in line)[-1500:])
+    assert refused.returncode != 0
+    assert f"ansible-playbook pid {two_runs.first_pid}" in refused.output
+    assert ".deploy.lock" in refused.output
+    assert "Traceback" not in refused.output
+    # Refused before preflight's verdict: no host was touched, nothing changed.
+    assert all(counts["changed"] == 0 for counts in refused.recap().values()), refused.recap()
+    assert first.returncode == 0, first.output[-3000:]
+    assert all(counts["changed"] == 0 for counts in first.recap().values())
+    record(
+        "two site.yml runs at once",
+        LoadStats(),
+        refused.seconds,
+        first.seconds,
+        0,
+        "the second is refused naming the first; the first ends normally (no client load)",
+    )
+
+
+def memory_cgroup(name: str) -> Path:
+    """The container's memory cgroup on this host (cgroup v1, podman's cgroupfs manager)."""
+    for line in Path(f"/proc/{container_pid(name)}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+    pytest.fail("no cgroup v1 memory controller: on cgroup v2 set MemoryMax on the unit instead")
+
+
+def oom_kills(cgroup: Path) -> int:
+    for line in (cgroup / "memory.oom_control").read_text().splitlines():
+        if line.startswith("oom_kill "):
+            return int(line.split()[1])
+    return 0
+
+
+@contextlib.contextmanager
+def memory_limited(host: str, comm: str, headroom: int) -> Iterator[Path]:
+    """The engine's model worker under a memory limit ``headroom`` bytes above what it uses.
+
+    The lab's containers run on cgroup v1, where the memory controller is read-only inside
+    the container, so the unit's own MemoryMax= cannot be enforced there; the same kernel
+    limit is set from the host on a child cgroup of the container's, holding that process.
+    """
+    parent = memory_cgroup(host)
+    child = parent / "vllm-fleet-chaos-oom"
+    child.mkdir(exist_ok=True)
+    worker = next(
+        pid
+        for pid in (parent / "cgroup.procs").read_text().split()
+        if Path(f"/proc/{pid}/comm").read_text().strip() == comm
+    )
+    (child / "cgroup.procs").write_text(worker)
+    # What it already holds may stay charged to the parent: the limit counts from here.
+    usage = int((child / "memory.usage_in_bytes").read_text())
+    (child / "memory.limit_in_bytes").write_text(str(usage + headroom))
+    try:
+        yield child
+    finally:
+        for pid in (child / "cgroup.procs").read_text().split():
+            (parent / "cgroup.procs").write_text(pid)
+        child.rmdir()
+
+
+def long_prompts(stop: threading.Event) -> None:
+    """Requests with long prompts straight to engine01: their activations need memory."""
+    body = {"model": MODEL, "prompt": "word " * 1800, "max_tokens": 4}
+    headers = {"Authorization": f"Bearer {engine_key()}"}
+    while not stop.is_set():
+        with contextlib.suppress(httpx.HTTPError):
+            httpx.post(
+                f"{DIRECT['engine01']}/v1/completions", json=body, headers=headers, timeout=30
+            )
+        time.sleep(0.5)
+
+
+def test_engine_oom_killed(chaos):
+    host, url = "engine01", ENGINE_URLS["engine01"]
+    before = int(unit_show(host, "NRestarts")["NRestarts"])
+    stop = threading.Event()
+    pressure = threading.Thread(target=long_prompts, args=(stop,), daemon=True)
+    with clients() as load:
+        time.sleep(3)
+        with memory_limited(host, "VLLM::Worker", headroom=16 * 1024**2) as cgroup:
+            started = time.monotonic()
+            pressure.start()
+            try:
+                wait_until(lambda: oom_kills(cgroup) > 0, 60, "the kernel's OOM killer acts")
+                killed = oom_kills(cgroup)
+            finally:
+                stop.set()
+                pressure.join(timeout=60)
+        wait_until(lambda: workers().get(url) is not True, 30, "router ejects it")
+        detected = time.monotonic() - started  # from the pressure's start: the kill is in it
+        wait_until(
+            lambda: int(unit_show(host, "NRestarts")["NRestarts"]) > before,
+            60,
+            "systemd restarts the unit",
+        )
+        wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
+        recovered = time.monotonic() - started
+        time.sleep(3)
+    row = record(
+        "engine OOM-killed",
+        load.stats,
+        detected,
+        recovered,
+        files_lost(host),
+        f"{killed} OOM kill(s) of the model worker; limit set from the host (cgroup v1)",
+    )
+    assert row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.stats.plain_ok > 0
+    assert row.lost == 0
