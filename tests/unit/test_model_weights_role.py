@@ -1,7 +1,8 @@
 """The model_weights role, run for real on the controller against the Hub fixture (paths in a
 temporary directory): an hf model with a Vault token is installed, the token never shows in
-the -vvv output, a second run changes nothing, check mode changes nothing, and a bad model
-setting is refused before anything is created."""
+the -vvv output or on any process's command line during the run, a second run changes
+nothing, check mode changes nothing, and a bad model setting is refused before anything is
+created."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import random
 import re
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,6 +32,33 @@ def hub():
     with FakeHub(REPO) as server:
         server.require_token(TOKEN)
         yield server
+
+
+@contextmanager
+def command_lines_watched(secret: str) -> Iterator[list[str]]:
+    """Every process's command line, read over and over while the block runs: those that
+    held ``secret`` (a token passed on argv is readable by every user of the host)."""
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    argv = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if secret in argv:
+                    seen.append(argv)
+            stop.wait(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def commit(hub: FakeHub, seed: int) -> str:
@@ -77,9 +108,11 @@ def run_role(tmp_path: Path, model: dict[str, object], *args: str) -> tuple[int,
 def test_hf_model_with_a_vault_token_installs_and_the_token_never_shows(hub, tmp_path):
     sha = commit(hub, 1)
     model = {"source": "hf", "repo": REPO, "revision": sha, "endpoint": hub.endpoint}
-    rc, changed, out = run_role(tmp_path, model, "-vvv")
+    with command_lines_watched(TOKEN) as on_argv:
+        rc, changed, out = run_role(tmp_path, model, "-vvv")
     assert rc == 0, out[-3000:]
     assert changed == 2  # models root, the fetch
+    assert not on_argv, on_argv
     installed = tmp_path / "models" / "m" / sha
     assert (installed / "model.safetensors").stat().st_size == 400_000
     assert os.readlink(tmp_path / "models" / "m" / "current") == sha
