@@ -62,7 +62,7 @@ def measured_upgrade(name: str, args: list[str]) -> dict[str, Any]:
         "upgrade": name,
         "wall_seconds": round(wall, 1),
         "requests_ok": stats.plain_ok + stats.streams_ok,
-        "requests_failed": stats.plain_failed + stats.streams_cut,
+        "requests_failed": stats.plain_failed + stats.streams_cut + stats.streams_refused,
         "min_engines_serving": rotation.min_serving(),
         "engines": len(ENGINES),
         "unavailable_seconds": {

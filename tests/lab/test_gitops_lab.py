@@ -56,6 +56,7 @@ def test_every_host_records_the_commit_it_runs(fresh_lab):
 
 
 def test_drift_job_finds_nothing_on_a_converged_lab(fresh_lab):
+    """Also the check-mode run on a converged fleet: the job's plan is site.yml --check --diff."""
     job = run_job("drift")
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
     assert PLAN_MD.read_text().startswith("# Plan: no drift")
