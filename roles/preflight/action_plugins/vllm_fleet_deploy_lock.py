@@ -48,7 +48,11 @@ class ActionModule(ActionBase):
             return result
         except OSError as err:
             # An unwritable lock directory, say: a finding to fix, not a traceback.
-            result.update(failed=True, msg=f"cannot take the deploy lock {args['path']}: {err}")
+            result.update(
+                failed=True,
+                msg=f"cannot take the deploy lock {args['path']}: {err}; set "
+                "preflight_deploy_lock_path to a file in a directory this user can write",
+            )
             return result
         state = "already held by this run" if outcome.already_held else "taken"
         result.update(
