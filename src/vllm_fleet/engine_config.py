@@ -7,12 +7,14 @@ Ansible renders ``/etc/vllm-fleet/engines/<group>.json`` from the inventory; the
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from vllm_fleet.names import SAFE_NAME
 from vllm_fleet.router_client import RouterTarget
 
 Accelerator = Literal["cpu", "cuda", "ascend"]
@@ -23,6 +25,75 @@ DEVICE_ENV_VAR: dict[str, str] = {
     "cuda": "CUDA_VISIBLE_DEVICES",
     "ascend": "ASCEND_RT_VISIBLE_DEVICES",
 }
+
+
+# Flags the role sets from the group's settings, and those that would undo what it enforces
+# (a key on a command line, a config file or a socket in place of the private bind address).
+# A group's extra_args may not name them in any spelling vLLM's parser takes: a second
+# --host, given last, would win over the private address.
+OWNED_FLAGS = frozenset(
+    {
+        "--model", "--served-model-name", "--host", "--port", "--uds", "--api-key", "--config",
+        "--max-model-len", "--max-num-seqs", "--dtype", "--kv-cache-memory-bytes",
+        "--kv-cache-dtype", "--tensor-parallel-size", "-tp", "--shutdown-timeout",
+        "--generation-config", "--enable-log-requests", "--enable-prefix-caching",
+        "--enforce-eager", "--block-size",
+    }
+)  # fmt: skip
+# Names that hold secrets: they have no place in a group's env (its settings file is
+# readable by the engine's group and shown in --diff; the key has its own 0600 file).
+SECRET_NAME = re.compile(
+    r"(^|_)(key|secret|password|passwd|token|passphrase|credentials?)s?$", re.IGNORECASE
+)
+
+
+def owned_flag(arg: str) -> str | None:
+    """The owned flag ``arg`` sets (``--host``, ``--host=x``, ``--no-enable-log-requests``,
+    ``--api_key``, an abbreviation such as ``--ho``), or None."""
+    if not arg.startswith("-"):
+        return None
+    name = arg.split("=", 1)[0].replace("_", "-")
+    if name.startswith("--no-"):
+        name = "--" + name[len("--no-") :]
+    for flag in OWNED_FLAGS:
+        if name == flag or (name.startswith("--") and len(name) > 3 and flag.startswith(name)):
+            return flag
+    return None
+
+
+def extra_args_problems(extra_args: list[str]) -> list[tuple[str, str]]:
+    """(what is wrong, the fix) for each extra argument that sets an owned flag."""
+    return [
+        (
+            f"{arg!r} sets {flag}, which the role owns",
+            "remove it; set the value through the group's settings "
+            "(roles/vllm_engine/meta/argument_specs.yml), the key through fleet_engine_api_key",
+        )
+        for arg in extra_args
+        if (flag := owned_flag(arg))
+    ]
+
+
+def env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
+    """(what is wrong, the fix) for each env name the role owns or that holds a secret."""
+    problems = []
+    for name in env:
+        if name in OWNED_ENV:
+            problems.append(
+                (
+                    f"{name} is set by the role (offline, state directory, devices, the key)",
+                    f"remove {name} from env",
+                )
+            )
+        elif SECRET_NAME.search(name):
+            problems.append(
+                (
+                    f"{name} looks like a secret, and env is shown in the settings file and --diff",
+                    f"remove {name}: engines load verified local weights and need no hub token; "
+                    "the engine key is fleet_engine_api_key",
+                )
+            )
+    return problems
 
 
 class AscendSettings(BaseModel):
@@ -53,7 +124,7 @@ class NetworkSettings(BaseModel):
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    group: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    group: str = Field(pattern=rf"^{SAFE_NAME.pattern}$")
     accelerator: Accelerator
     stack: str
     stack_dir: Path
@@ -83,6 +154,20 @@ class EngineConfig(BaseModel):
     # Between leaving the routers and SIGTERM: requests a router already picked this
     # engine for still arrive.
     leave_grace_seconds: float = Field(default=1.0, ge=0)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_owned_flags(cls, value: list[str]) -> list[str]:
+        if problems := extra_args_problems(value):
+            raise ValueError("; ".join(f"{what}: {fix}" for what, fix in problems))
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _no_owned_or_secret_env(cls, value: dict[str, str]) -> dict[str, str]:
+        if problems := env_problems(value):
+            raise ValueError("; ".join(f"{what}: {fix}" for what, fix in problems))
+        return value
 
 
 def probe_host(cfg: EngineConfig) -> str:
@@ -186,8 +271,18 @@ def engine_argv(cfg: EngineConfig) -> list[str]:
 
 def engine_env(cfg: EngineConfig, state_dir: Path) -> dict[str, str]:
     """Variables the engine gets on top of the unit's environment."""
+    env = isolation_env(state_dir)
+    env.update(device_env(cfg.accelerator, cfg.devices))
+    env.update(accelerator_env(cfg))
+    # The group's own env wins over the accelerator's tuning (never over OWNED_ENV).
+    env.update(cfg.env)
+    return env
+
+
+def isolation_env(state_dir: Path) -> dict[str, str]:
+    """Offline, and every cache and temporary file inside the group's state directory."""
     cache = state_dir / "cache"
-    env = {
+    return {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HOME": str(cache / "huggingface"),
@@ -199,8 +294,8 @@ def engine_env(cfg: EngineConfig, state_dir: Path) -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
-    env.update(device_env(cfg.accelerator, cfg.devices))
-    env.update(accelerator_env(cfg))
-    # The group's own env wins over everything derived.
-    env.update(cfg.env)
-    return env
+
+
+# What a group's env may not replace: isolation, the device pinning, the key (the unit's
+# EnvironmentFile sets VLLM_API_KEY).
+OWNED_ENV = frozenset({*isolation_env(Path("/")), *DEVICE_ENV_VAR.values(), "VLLM_API_KEY"})

@@ -188,6 +188,7 @@ class HfFetch(RevisionFetch):
 
     def __post_init__(self) -> None:
         check_revision(self.name, self.revision)
+        super().__post_init__()
         endpoint = self.endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
         self.endpoint_url = endpoint.rstrip("/")
         if urlsplit(self.endpoint_url).scheme not in ("http", "https"):

@@ -64,6 +64,7 @@ class LocalFetch(RevisionFetch):
     manifest: Path | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         self.path = Path(self.path)
         if not REVISION_RE.fullmatch(self.revision):
             raise WeightsError(

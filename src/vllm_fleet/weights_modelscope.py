@@ -129,6 +129,7 @@ class ModelScopeFetch(RevisionFetch):
 
     def __post_init__(self) -> None:
         check_revision(self.name, self.revision)
+        super().__post_init__()
         if self.repo.count("/") != 1 or not all(self.repo.split("/")):
             raise WeightsError(
                 f"fleet_models.{self.name}.repo={self.repo} is not a ModelScope model id; "

@@ -9,6 +9,7 @@ from vllm_fleet.engine_config import (
     device_env,
     engine_argv,
     engine_env,
+    owned_flag,
 )
 
 
@@ -64,8 +65,37 @@ def test_argv_loads_the_local_path_with_explicit_limits():
 
 
 def test_argv_never_carries_a_key():
-    argv = engine_argv(config(env={"VLLM_API_KEY": "should-not-move"}))
-    assert not any("api-key" in a or "should-not-move" in a for a in argv)
+    argv = engine_argv(config(extra_args=["--seed", "0"]))
+    assert not any("api-key" in a for a in argv)
+    with pytest.raises(ValidationError, match="VLLM_API_KEY is set by the role"):
+        config(env={"VLLM_API_KEY": "should-not-move"})
+    with pytest.raises(ValidationError, match="sets --api-key, which the role owns"):
+        config(extra_args=["--api-key=should-not-move"])
+
+
+def test_every_flag_the_role_sets_is_one_extra_args_may_not_set():
+    """OWNED_FLAGS follows engine_argv: a flag added there and not here would let a group's
+    extra_args give it a second value that vLLM's parser takes (the last one wins)."""
+    argv = engine_argv(config(enforce_eager=True, block_size=32, enable_prefix_caching=False))
+    flags = [a for a in argv if a.startswith("-")]
+    assert flags and all(owned_flag(a) for a in flags), [a for a in flags if not owned_flag(a)]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--ho", "::"], ["--port", "1"], ["-tp", "8"],
+     ["--served_model_name", "x"], ["--config", "/tmp/x.yaml"], ["--uds", "/tmp/s"],
+     ["--no-enable-prefix-caching"]],
+)  # fmt: skip
+def test_extra_args_may_not_set_what_the_role_owns(args):
+    with pytest.raises(ValidationError, match="which the role owns"):
+        config(extra_args=args)
+
+
+@pytest.mark.parametrize("name", ["HF_HUB_OFFLINE", "TMPDIR", "CUDA_VISIBLE_DEVICES", "HF_TOKEN"])
+def test_env_may_not_replace_isolation_devices_or_carry_secrets(name):
+    with pytest.raises(ValidationError, match=name):
+        config(env={name: "x"})
 
 
 def test_prefix_caching_can_be_turned_off():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from vllm_fleet.rollout import restart_plan
+
 
 def router_targets(hosts: list[str], impl: str, port: int | str) -> list[dict[str, str]]:
     """The routers an engine group joins: one {impl, url} per router host."""
@@ -21,4 +23,8 @@ def router_engine_args(router: dict[str, object]) -> list[str]:
 
 class FilterModule:
     def filters(self) -> dict[str, object]:
-        return {"router_targets": router_targets, "router_engine_args": router_engine_args}
+        return {
+            "router_targets": router_targets,
+            "router_engine_args": router_engine_args,
+            "engine_restart_plan": restart_plan,
+        }
