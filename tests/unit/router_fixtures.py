@@ -135,6 +135,7 @@ class FakeEngine:
     healthy: bool = True
     url: str = ""
     completions: list[str] = field(default_factory=list)  # Authorization headers seen
+    models: list[str] = field(default_factory=list)  # the "model" of each completion request
     running: int = 0  # vllm:num_requests_running on /metrics
     waiting: int = 0  # vllm:num_requests_waiting
     release: threading.Event = field(default_factory=threading.Event)
@@ -181,8 +182,14 @@ def _handler(engine: FakeEngine) -> type[http.server.BaseHTTPRequestHandler]:
                 self._send(404, {"error": "not found"})
                 return
             engine.completions.append(self.headers.get("Authorization", ""))
+            engine.models.append(str(request.get("model")))
             if self.headers.get("Authorization") != f"Bearer {engine.api_key}":
                 self._send(401, {"error": "Unauthorized"})
+            elif request.get("model") != engine.served_name:
+                # As vLLM answers a name it does not serve (a client, or a watchdog, that
+                # still uses the group's previous served name).
+                message = f"The model `{request.get('model')}` does not exist."
+                self._send(404, {"object": "error", "message": message, "code": 404})
             elif engine.mode == "hang":
                 engine.release.wait(timeout=30)
             elif engine.mode == "error":

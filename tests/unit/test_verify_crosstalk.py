@@ -119,22 +119,108 @@ def test_load_that_never_overlaps_fails():
     assert any("did not overlap" in r for r in result.details["reasons"])
 
 
-def test_default_concurrency_fills_the_fleet_with_at_least_64():
-    base = verify_config([], None)
-    engine = {
-        "host": "h",
-        "group": "g",
-        "url": "http://h:1",
-        "stack": "s",
-        "model": "m",
-        "revision": "r",
-        "devices": [0],
-        "max_num_seqs": 16,
+def sized_crosstalk(engines, router, **overrides):
+    """Cross-talk with C left to the measurement (verify_config's fixture C is fixed)."""
+    config = verify_config(engines, router, prompts=2, concurrency=None)
+    for key, value in overrides.items():
+        target, _, name = key.rpartition("__")
+        (config[target] if target else config)[name] = value
+    return crosstalk(config)
+
+
+def test_slow_fleet_behind_a_router_gets_a_load_that_ends_within_the_deadline():
+    # 4 slots, each request runs 0.4 s; the router cuts at 2 s, so the burst has 1 s: the
+    # second wave just fits (1 when this machine adds > 0.1 s to a wave), a third never does.
+    with fixture_fleet(max_num_seqs=2, latency_s=0.4) as (engines, router):
+        result = sized_crosstalk(engines, router, router__request_timeout_seconds=2)
+
+    assert result.status == "pass", result.details["reasons"]
+    sizing = result.details["sizing"]
+    assert sizing["slots"] == 4
+    assert sizing["wave_seconds"] >= 0.4
+    assert sizing["deadline_setting"] == "fleet_router.request_timeout_seconds"
+    assert sizing["deadline_seconds"] == 2
+    assert sizing["waves"] in (1, 2)
+    assert sizing["waves"] * sizing["wave_seconds"] <= 1.0
+    assert result.details["concurrency"] == sizing["waves"] * 4
+    assert result.details["calibration"] == {
+        "requests": 4,
+        "wave_seconds": sizing["wave_seconds"],
+        "status_codes": {"200": 4},
+        "errors": [],
     }
-    base["crosstalk"] = {}
-    base["engines"] = [engine] * 2
-    assert VerifyConfig.model_validate(base).concurrency() == 64
-    base["engines"] = [{**engine, "max_num_seqs": 128}] * 2
-    assert VerifyConfig.model_validate(base).concurrency() == 200  # capped by max_concurrency
-    base["crosstalk"] = {"concurrency": 7}
-    assert VerifyConfig.model_validate(base).concurrency() == 7
+    assert result.details["totals"]["status_codes"] == {"200": sizing["waves"] * 4}
+    assert result.summary.startswith(f"C={sizing['waves'] * 4} ({sizing['waves']} x 4 slots")
+
+
+def test_fleet_too_slow_for_one_wave_in_the_routers_deadline_fails_naming_it():
+    # Each wave takes >= 0.6 s; the router's deadline is 1 s: a second request queued behind
+    # the first wave would be cut, and even one wave leaves no margin.
+    with fixture_fleet(max_num_seqs=2, latency_s=0.6) as (engines, router):
+        result = sized_crosstalk(engines, router, router__request_timeout_seconds=1)
+
+    assert result.status == "fail"
+    wave = result.details["sizing"]["wave_seconds"]
+    assert wave >= 0.6
+    assert result.summary.startswith("not run: one full wave (4 concurrent requests")
+    assert f"took {wave:.1f} s (measured)" in result.summary
+    assert "fleet_router.request_timeout_seconds = 1 s" in result.summary
+    assert "Raise fleet_router.request_timeout_seconds" in result.summary
+    assert "max_num_seqs" in result.summary
+    # The wave itself was answered; no burst was piled on top of it.
+    assert result.details["calibration"]["status_codes"] == {"200": 4}
+    assert result.details["concurrency"] == 0
+    assert "totals" not in result.details
+
+
+def test_wave_cut_at_verifys_own_timeout_fails_naming_that_setting():
+    # Direct to one engine: each request runs 1.5 s, verify gives up after 1 s. The cut wave
+    # counts with the time it took: it is reported as the deadline, not as a pile of errors.
+    with fixture_fleet(engines=1, router=False, max_num_seqs=2, latency_s=1.5) as (engines, _):
+        result = sized_crosstalk(engines, None, timeout_seconds=1)
+
+    assert result.status == "fail"
+    assert result.details["calibration"]["status_codes"] == {"0": 2}
+    assert result.details["sizing"]["wave_seconds"] >= 1.0
+    assert "fleet_verify_timeout = 1 s" in result.summary
+    assert any(
+        "2 of 2 requests of the calibration wave failed" in r for r in result.details["reasons"]
+    )
+    assert "totals" not in result.details
+
+
+def test_fast_fleet_gets_more_waves_up_to_the_cap():
+    # 0.2 s a wave against 5 s of budget, 6 waves asked for: the cap decides.
+    with fixture_fleet(engines=1, router=False) as (engines, _):
+        result = sized_crosstalk(engines, None, crosstalk__max_concurrency=12, crosstalk__waves=6)
+
+    assert result.status == "pass", result.details["reasons"]
+    sizing = result.details["sizing"]
+    assert (sizing["slots"], sizing["waves"], result.details["concurrency"]) == (4, 3, 12)
+    assert sizing["deadline_setting"] == "fleet_verify_timeout"
+    assert sizing["cap_setting"] == "fleet_verify_crosstalk.max_concurrency"
+    assert result.details["totals"]["status_codes"] == {"200": 12}
+
+
+def test_fast_fleet_behind_a_router_stays_within_its_admission_limit():
+    with fixture_fleet() as (engines, router):
+        result = sized_crosstalk(engines, router, router__admission_factor=2, crosstalk__waves=6)
+
+    assert result.status == "pass", result.details["reasons"]
+    sizing = result.details["sizing"]
+    assert (sizing["slots"], sizing["waves"], result.details["concurrency"]) == (8, 2, 16)
+    assert sizing["cap_setting"].startswith("fleet_router.admission_factor")
+
+
+def test_configured_concurrency_that_cannot_end_in_time_is_refused():
+    # 2 slots, >= 0.4 s a wave, 1 s of budget: at most 2 waves fit; 20 requests need 10.
+    with fixture_fleet(engines=1, router=False, max_num_seqs=2, latency_s=0.4) as (engines, _):
+        result = sized_crosstalk(engines, None, timeout_seconds=2, crosstalk__concurrency=20)
+
+    assert result.status == "fail"
+    assert result.summary.startswith(
+        "not run: fleet_verify_crosstalk.concurrency = 20 queues 10 waves of 2 requests"
+    )
+    assert "fleet_verify_timeout = 2 s" in result.summary
+    assert result.details["sizing"]["source"] == "fleet_verify_crosstalk.concurrency"
+    assert "totals" not in result.details

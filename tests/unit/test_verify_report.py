@@ -91,7 +91,12 @@ def sample_report():
                     "dtype": "float32",
                 },
             ],
-            "router": {"url": "http://router01:30000", "policy": "cache_aware"},
+            "router": {
+                "url": "http://router01:30000",
+                "policy": "cache_aware",
+                "request_timeout_seconds": 300,
+                "admission_factor": 2,
+            },
         }
     )
     kv = engine_metrics.kv_capacity(engine_metrics.parse_families(VLLM_METRICS))
@@ -109,6 +114,7 @@ def sample_report():
             "fail",
             "C=64: 3 contaminated",
             {
+                "concurrency": 64,
                 "reasons": ["FAIL: 3 answers carry another prompt's marker"],
                 "per_prompt": [
                     {

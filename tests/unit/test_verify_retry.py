@@ -19,6 +19,7 @@ from vllm_fleet.verify.openai_calls import parse_retry_after
 
 KEYS = ApiKeys(engine=ENGINE_KEY, client=CLIENT_KEY)
 PROMPTS = 4  # the baseline sends these first, one each, through the router
+WAVE = 8  # then the calibration wave: one request per sequence slot (2 engines x 4)
 
 
 def crosstalk(config):
@@ -40,7 +41,7 @@ def test_parse_retry_after_http_date():
 
 
 def test_throttled_requests_under_load_are_retried_and_counted():
-    router_opts = {"throttle_from": PROMPTS, "throttle_count": 3, "retry_after": "0"}
+    router_opts = {"throttle_from": PROMPTS + WAVE, "throttle_count": 3, "retry_after": "0"}
     with fixture_fleet(router_opts=router_opts) as (engines, router):
         result = crosstalk(verify_config(engines, router, prompts=PROMPTS))
 
@@ -52,7 +53,7 @@ def test_throttled_requests_under_load_are_retried_and_counted():
 
 
 def test_throttling_beyond_the_retry_budget_fails_with_the_status_reported():
-    router_opts = {"throttle_from": PROMPTS, "throttle_count": 10_000, "retry_after": "0"}
+    router_opts = {"throttle_from": PROMPTS + WAVE, "throttle_count": 10_000, "retry_after": "0"}
     with fixture_fleet(router_opts=router_opts) as (engines, router):
         config = verify_config(engines, router, prompts=PROMPTS)
         config["retry"] = {"max_retries": 2}

@@ -62,6 +62,7 @@ def test_honest_fleet_without_router_spreads_load_over_engines(tmp_path, monkeyp
     assert code == 0
     crosstalk = next(c for c in report["checks"] if c["name"] == "crosstalk")
     assert crosstalk["details"]["endpoints"] == ["engine01/g0", "engine02/g0"]
+    assert report["concurrency"] == crosstalk["details"]["concurrency"] == 16
     peaks = crosstalk["details"]["peak_running"]["per_engine"]
     # 8 requests per engine, 4 slots each: both engines ran full batches.
     assert set(peaks) == {"engine01/g0", "engine02/g0"}
@@ -128,7 +129,11 @@ def test_missing_key_is_a_usage_error(tmp_path, monkeypatch, engine_key, client_
         }
     ]
     if router:
-        config["router"] = {"url": "http://127.0.0.1:9", "policy": "cache_aware"}
+        config["router"] = {
+            "url": "http://127.0.0.1:9",
+            "policy": "cache_aware",
+            "request_timeout_seconds": 20,
+        }
     code, _, out = run_verify(tmp_path, config, monkeypatch, engine_key, client_key)
 
     assert code == 2
@@ -158,7 +163,11 @@ def test_unreachable_engines_fail_every_check_without_crashing(tmp_path, monkeyp
     }
     assert report["fleet"][0]["health"] == "unreachable (ConnectError)"
     crosstalk = next(c for c in report["checks"] if c["name"] == "crosstalk")
-    assert crosstalk["details"]["totals"]["status_codes"] == {"0": 16}
+    # The calibration wave (one request per slot) failed: no burst was piled on top.
+    assert crosstalk["details"]["calibration"]["status_codes"] == {"0": 4}
+    assert crosstalk["summary"].startswith("not run: 4 of 4 requests of the calibration wave")
+    assert "totals" not in crosstalk["details"]
+    assert report["concurrency"] == 0
     assert (out / "report.md").exists()
 
 

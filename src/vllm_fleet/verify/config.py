@@ -58,12 +58,22 @@ class EngineSpec(_Strict):
 class RouterSpec(_Strict):
     url: str = Field(pattern=URL_PATTERN)
     policy: str
+    # The router cuts a request (503) that runs longer than this (fleet_router's
+    # request_timeout_seconds): the cross-talk load must finish well inside it.
+    request_timeout_seconds: float = Field(gt=0.0)
+    # The router admits admission_factor x (sum of max_num_seqs) requests at once and refuses
+    # the excess with a bare 429 (no Retry-After); None: it admits any number.
+    admission_factor: int | None = Field(default=None, gt=0)
 
 
 class CrosstalkSettings(_Strict):
     prompts: int = Field(default=10, ge=2, le=24)
+    # None: sized from a measured wave (vllm_fleet.verify.sizing); set: used if it fits.
     concurrency: int | None = Field(default=None, gt=0)
     max_concurrency: int = Field(default=200, gt=0)
+    # Whole waves a measured C asks for: every slot filled, and one more queued behind it
+    # (where the field's cross-talk showed); fewer when they would not end in time.
+    waves: int = Field(default=2, ge=1)
     max_tokens: int = Field(default=24, gt=0)
     seed: int = 1234
     # The fleet's peak of running requests must reach this share of min(C, sum(max_num_seqs)).
@@ -90,6 +100,8 @@ class VerifyConfig(_Strict):
     prefix_probe: PrefixProbeSettings = PrefixProbeSettings()
     retry: RetrySettings = RetrySettings()
     metrics_families: list[str] = Field(default_factory=lambda: list(DEFAULT_FAMILIES))
+    # Verify's own per-request timeout (fleet_verify_timeout): the deadline of direct engine
+    # calls, and through a router the deadline when it is tighter than the router's.
     timeout_seconds: float = Field(default=120.0, gt=0.0)
 
     @property
@@ -99,12 +111,6 @@ class VerifyConfig(_Strict):
     @property
     def all_float32(self) -> bool:
         return all(e.dtype in FLOAT32_DTYPES for e in self.engines)
-
-    def concurrency(self) -> int:
-        """C: as configured, else enough to fill every engine's batch (at least 64), capped."""
-        if self.crosstalk.concurrency is not None:
-            return self.crosstalk.concurrency
-        return min(max(64, self.fleet_max_num_seqs), self.crosstalk.max_concurrency)
 
 
 def load_config(path: Path) -> VerifyConfig:

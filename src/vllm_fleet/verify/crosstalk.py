@@ -5,6 +5,11 @@ is first answered alone (the baseline), then C requests cycling through the prom
 once. An answer carrying another prompt's marker is cross-talk (the field failure: HTTP 200,
 someone else's answer). An answer that merely differs from its baseline is a failure only in
 float32, where greedy decoding is reproducible; other dtypes drift with batch shape.
+
+C comes from a measurement, not a constant: one calibration wave (one request per sequence
+slot) is timed first, and the burst fills every slot plus as many further waves as end well
+inside the deadline (vllm_fleet.verify.sizing). A fleet too slow for even one wave inside its
+deadline fails with the setting to change, instead of with the router's 503s.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from dataclasses import dataclass, field
 import httpx
 
 from vllm_fleet.verify.config import ApiKeys, VerifyConfig
-from vllm_fleet.verify.metrics_sampler import RunningSampler
+from vllm_fleet.verify.metrics_sampler import RunningPeaks, RunningSampler
 from vllm_fleet.verify.openai_calls import CHAT, Answer, Endpoint, chat_body, complete
 from vllm_fleet.verify.results import CheckResult, Status, short
+from vllm_fleet.verify.sizing import Limits, Sizing, size, split
 
 # Made-up, pronounceable, none inside another or inside an English word: a model only writes
 # one when its own prompt asked for it.
@@ -139,10 +145,23 @@ def judge(
     return result
 
 
-def _endpoints(cfg: VerifyConfig, keys: ApiKeys) -> list[Endpoint]:
+def _target(cfg: VerifyConfig, keys: ApiKeys) -> tuple[list[Endpoint], list[int]]:
+    """Where the load goes, and the sequence slots behind each endpoint (one wave)."""
     if cfg.router is not None:
-        return [Endpoint("router", cfg.router.url, keys.client)]
-    return [Endpoint(e.label, e.url, keys.engine) for e in cfg.engines]
+        return [Endpoint("router", cfg.router.url, keys.client)], [cfg.fleet_max_num_seqs]
+    endpoints = [Endpoint(e.label, e.url, keys.engine) for e in cfg.engines]
+    return endpoints, [e.max_num_seqs for e in cfg.engines]
+
+
+def _plan(
+    endpoints: list[Endpoint], counts: list[int], probes: list[Probe]
+) -> list[tuple[Probe, Endpoint]]:
+    """``counts[i]`` requests to endpoint i, each endpoint cycling through every prompt."""
+    return [
+        (probes[j % len(probes)], endpoint)
+        for endpoint, count in zip(endpoints, counts, strict=True)
+        for j in range(count)
+    ]
 
 
 async def _baselines(
@@ -168,14 +187,45 @@ async def _ask(
     return await complete(client, endpoint, CHAT, body, cfg.retry)
 
 
+async def _send(
+    client: httpx.AsyncClient, cfg: VerifyConfig, plan: list[tuple[Probe, Endpoint]]
+) -> list[Answer]:
+    return list(await asyncio.gather(*(_ask(client, cfg, e, p) for p, e in plan)))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One wave: exactly as many requests at once as there are sequence slots."""
+
+    answers: list[Answer]
+
+    @property
+    def wave_seconds(self) -> float:
+        # A request cut at a deadline counts with the time it took: the wave took at least that.
+        return max((a.elapsed_s for a in self.answers), default=0.0)
+
+    @property
+    def failed(self) -> list[Answer]:
+        return [a for a in self.answers if not a.ok]
+
+    def as_dict(self) -> dict[str, object]:
+        codes = Counter(a.status for a in self.answers)
+        return {
+            "requests": len(self.answers),
+            "wave_seconds": round(self.wave_seconds, 3),
+            "status_codes": {str(k): v for k, v in sorted(codes.items())},
+            "errors": sorted({a.error or "" for a in self.failed})[:MAX_EXAMPLES],
+        }
+
+
 async def run_crosstalk(cfg: VerifyConfig, keys: ApiKeys) -> CheckResult:
     start = time.perf_counter()
     settings = cfg.crosstalk
     probes = build_probes(settings.prompts, settings.seed)
-    endpoints = _endpoints(cfg, keys)
-    concurrency = cfg.concurrency()
-    # The pool must not serialise the load: one connection per request, plus room for retries.
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency)
+    endpoints, slots = _target(cfg, keys)
+    # One connection per request, whatever C the measurement picks: a pool limit would
+    # serialise the load (and the wave's time would measure the pool, not the fleet).
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(cfg.timeout_seconds)
     async with (
         httpx.AsyncClient(limits=limits, timeout=timeout) as client,
@@ -183,20 +233,90 @@ async def run_crosstalk(cfg: VerifyConfig, keys: ApiKeys) -> CheckResult:
     ):
         baselines = await _baselines(client, cfg, endpoints, probes)
         baseline_s = time.perf_counter() - start
-        plan = [
-            (probes[i % len(probes)], endpoints[i % len(endpoints)]) for i in range(concurrency)
-        ]
+        calibration = Calibration(await _send(client, cfg, _plan(endpoints, slots, probes)))
+        sizing = size(
+            slots,
+            calibration.wave_seconds,
+            Limits.of(cfg),
+            settings.concurrency,
+            max_tokens=settings.max_tokens,
+            wanted_waves=settings.waves,
+        )
+        base = {
+            "concurrency": sizing.concurrency,
+            "sizing": sizing.as_dict(),
+            "calibration": calibration.as_dict(),
+            "prompts": len(probes),
+            "endpoints": [e.name for e in endpoints],
+            "max_tokens": settings.max_tokens,
+            "seed": settings.seed,
+            "all_float32": cfg.all_float32,
+            "baseline_duration_s": round(baseline_s, 3),
+        }
+        if sizing.problem is not None or calibration.failed:
+            return _not_run(sizing, calibration, baselines, base, start)
+        plan = _plan(endpoints, split(sizing.concurrency, slots), probes)
         engines = {e.label: e.url for e in cfg.engines}
         load_start = time.perf_counter()
         async with RunningSampler(sampler_client, engines, settings.sample_interval_seconds) as s:
-            answers = await asyncio.gather(*(_ask(client, cfg, e, p) for p, e in plan))
-        load_s = time.perf_counter() - load_start
+            answers = await _send(client, cfg, plan)
+        base["concurrent_duration_s"] = round(time.perf_counter() - load_start, 3)
     outcomes = [(p, e.name, a) for (p, e), a in zip(plan, answers, strict=True)]
     judgement = judge(probes, baselines, outcomes)
-    threshold = min(concurrency, cfg.fleet_max_num_seqs) * settings.min_overlap_fraction
-    status, reasons = _verdict(cfg, baselines, judgement, s.peaks.fleet_sum, threshold)
+    return _judged(
+        cfg,
+        sizing,
+        baselines=baselines,
+        judgement=judgement,
+        peaks=s.peaks,
+        details=base,
+        start=start,
+    )
+
+
+def _not_run(
+    sizing: Sizing,
+    calibration: Calibration,
+    baselines: dict[tuple[str, int], Answer],
+    details: dict[str, object],
+    start: float,
+) -> CheckResult:
+    """The burst would not fit the deadline, or one wave already failed: say why, send none."""
+    failures = [f"{len(failed)} baseline requests failed"] if (failed := _failed(baselines)) else []
+    if sizing.problem is not None:
+        failures.append(sizing.problem)
+    if calibration.failed:
+        codes = calibration.as_dict()["status_codes"]
+        failures.append(
+            f"{len(calibration.failed)} of {len(calibration.answers)} requests of the "
+            f"calibration wave failed (status codes {codes}): {calibration.failed[0].error}"
+        )
+    details["concurrency"] = 0  # no burst was sent (sizing shows what was asked)
+    details["reasons"] = [f"FAIL: {m}" for m in failures]
+    details["baseline_errors"] = {f"{n}#{i}": baselines[(n, i)].error for n, i in failed}
+    summary = f"not run: {sizing.problem or failures[-1]}"
+    return CheckResult("crosstalk", "fail", summary, details, time.perf_counter() - start)
+
+
+def _failed(baselines: dict[tuple[str, int], Answer]) -> list[tuple[str, int]]:
+    return [k for k, a in baselines.items() if not a.ok]
+
+
+def _judged(
+    cfg: VerifyConfig,
+    sizing: Sizing,
+    *,
+    baselines: dict[tuple[str, int], Answer],
+    judgement: Judgement,
+    peaks: RunningPeaks,
+    details: dict[str, object],
+    start: float,
+) -> CheckResult:
+    concurrency = sizing.concurrency
+    threshold = min(concurrency, cfg.fleet_max_num_seqs) * cfg.crosstalk.min_overlap_fraction
+    status, reasons = _verdict(cfg, baselines, judgement, peaks.fleet_sum, threshold)
     totals = {
-        "requests": len(outcomes),
+        "requests": sum(judgement.status_codes.values()),
         "contaminated": judgement.total("contaminated"),
         "diverged": judgement.total("diverged"),
         "errors": judgement.total("errors"),
@@ -204,30 +324,21 @@ async def run_crosstalk(cfg: VerifyConfig, keys: ApiKeys) -> CheckResult:
         "baseline_retries": sum(a.retries for a in baselines.values()),
         "status_codes": {str(k): v for k, v in sorted(judgement.status_codes.items())},
     }
-    details = {
-        "concurrency": concurrency,
-        "prompts": len(probes),
-        "endpoints": [e.name for e in endpoints],
-        "max_tokens": settings.max_tokens,
-        "seed": settings.seed,
-        "all_float32": cfg.all_float32,
-        "baseline_duration_s": round(baseline_s, 3),
-        "concurrent_duration_s": round(load_s, 3),
-        "peak_running": s.peaks.as_dict(),
+    details |= {
+        "peak_running": peaks.as_dict(),
         "overlap_threshold": threshold,
         "totals": totals,
         "reasons": reasons,
         "per_prompt": [t.as_dict() for t in judgement.tallies],
-        "baseline_errors": {
-            f"{name}#{index}": a.error for (name, index), a in baselines.items() if not a.ok
-        },
+        "baseline_errors": {f"{n}#{i}": baselines[(n, i)].error for n, i in _failed(baselines)},
         "contamination_examples": judgement.examples,
         "baselines": {f"{n}#{i}": short(a.text, 120) for (n, i), a in baselines.items()},
     }
     summary = (
-        f"C={concurrency}: {totals['contaminated']} contaminated, {totals['diverged']} diverged, "
-        f"{totals['errors']} errors, {totals['retries']} retries; peak running "
-        f"{s.peaks.fleet_sum:g} (need >= {threshold:g})"
+        f"C={concurrency} ({sizing.waves} x {sizing.slots} slots, wave {sizing.wave_seconds:.1f} s, "
+        f"{sizing.deadline} s): {totals['contaminated']} contaminated, {totals['diverged']} "
+        f"diverged, {totals['errors']} errors, {totals['retries']} retries; peak running "
+        f"{peaks.fleet_sum:g} (need >= {threshold:g})"
     )
     return CheckResult("crosstalk", status, summary, details, time.perf_counter() - start)
 
@@ -241,7 +352,7 @@ def _verdict(
 ) -> tuple[Status, list[str]]:
     failures: list[str] = []
     warnings: list[str] = []
-    if failed := [k for k, a in baselines.items() if not a.ok]:
+    if failed := _failed(baselines):
         failures.append(f"{len(failed)} baseline requests failed")
     if contaminated := judgement.total("contaminated"):
         failures.append(f"{contaminated} answers carry another prompt's marker")

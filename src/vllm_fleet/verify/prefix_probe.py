@@ -28,7 +28,10 @@ FILLER_WORDS = (
 # The filler is common words, one token each: SmolLM2's tokenizer measured ~5.8 characters
 # per token of it (600 approx tokens gave 411 at 4 characters per token).
 CHARS_PER_TOKEN = 6
-COUNTER_WAIT_S = 5.0  # counters are exported slightly after the response ends
+# Counters are exported slightly after the response ends: wait this long at least, and at
+# least as long as the request itself took (a host slow enough to take many seconds for one
+# request also lags that much in updating its stats).
+COUNTER_WAIT_S = 5.0
 POLL_S = 0.1
 
 
@@ -78,9 +81,10 @@ async def _after(
     engines: dict[str, str],
     before: dict[str, CacheCounters | None],
     min_tokens: float = 1.0,
+    wait_s: float = COUNTER_WAIT_S,
 ) -> dict[str, CacheCounters | None]:
     """Counters once some engine's queries grew (or the wait ran out)."""
-    deadline = time.perf_counter() + COUNTER_WAIT_S
+    deadline = time.perf_counter() + wait_s
     while True:
         now = await _read_all(client, engines)
         if _grew(before, now, min_tokens) or time.perf_counter() > deadline:
@@ -140,9 +144,9 @@ async def _send_twice(
         answers.append(await stream(client, endpoint, COMPLETIONS, body, cfg.retry))
         if not answers[-1].ok:
             break  # no counters will move; the caller reports the failed send
-        snapshots.append(
-            await _after(client, engines, snapshots[-1], cfg.prefix_probe.prefix_tokens_approx / 2)
-        )
+        wait_s = max(COUNTER_WAIT_S, answers[-1].elapsed_s)
+        min_tokens = cfg.prefix_probe.prefix_tokens_approx / 2
+        snapshots.append(await _after(client, engines, snapshots[-1], min_tokens, wait_s))
     return answers, snapshots
 
 

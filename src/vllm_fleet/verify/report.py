@@ -55,6 +55,15 @@ def fleet_rows(cfg: VerifyConfig, facts: dict[str, EngineFacts]) -> list[dict[st
     return rows
 
 
+def crosstalk_concurrency(checks: list[CheckResult]) -> int | None:
+    """The C the cross-talk check chose (it is measured per run); None: it did not run."""
+    for check in checks:
+        if check.name == "crosstalk":
+            concurrency = check.details.get("concurrency")
+            return concurrency if isinstance(concurrency, int) else None
+    return None
+
+
 def build_report(
     cfg: VerifyConfig,
     rows: list[dict[str, Any]],
@@ -72,7 +81,7 @@ def build_report(
         "counts": counts,
         "served_name": cfg.served_name,
         "router": cfg.router.model_dump() if cfg.router else None,
-        "concurrency": cfg.concurrency(),
+        "concurrency": crosstalk_concurrency(checks),
         "fleet": rows,
         "checks": [{**asdict(c), "duration_s": round(c.duration_s, 3)} for c in checks],
     }
