@@ -30,6 +30,18 @@ def is_held(group: str) -> bool:
     return hold_path(group).exists()
 
 
+def held_since(group: str) -> float | None:
+    """When the hold was put in place (epoch seconds); None when the group is not held.
+
+    The file's mtime rather than its "since": ``hold`` rewrites the file each time it holds,
+    and the upgrade role writes new groups' holds itself, without a "since".
+    """
+    try:
+        return hold_path(group).stat().st_mtime
+    except OSError:  # absent, or unreadable: is_held says not held then too
+        return None
+
+
 def hold(group: str, reason: str) -> bool:
     """Put the hold in place; True if it was not there before."""
     path = hold_path(group)

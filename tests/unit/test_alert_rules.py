@@ -212,6 +212,13 @@ MUTATIONS: list[tuple[str, str, dict[str, str], str]] = [
         {"old": 'and on (instance) (up{job="vllm-fleet-watchdog"} offset 30m == 1)', "new": ""},
         "watchdog.test.yml",
     ),
+    # The hold-age threshold: an hour and a minute would not fire yet.
+    (
+        "hold-age",
+        "VllmFleetHoldTooOld",
+        {"old": "> 3600", "new": "> 3700"},
+        "watchdog.test.yml",
+    ),
     # A failed crosstalk check (errors, no overlap) taken for cross-talk; contamination paged
     # twice; and a verification failure seen only in the crosstalk check (smoke missed).
     (

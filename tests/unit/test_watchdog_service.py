@@ -99,12 +99,18 @@ def engine_config(group: str, engine: FakeEngine) -> dict[str, object]:
     }
 
 
-def write_setup(tmp_path, engines: dict[str, FakeEngine], routers, **settings):
+def write_group(tmp_path, group: str, served: FakeEngine) -> None:
+    """The group's settings and secrets, as Ansible renders them, for ``served``."""
     engines_dir = tmp_path / "engines"
     engines_dir.mkdir(exist_ok=True)
+    (engines_dir / f"{group}.json").write_text(json.dumps(engine_config(group, served)))
+    (engines_dir / f"{group}.env").write_text(f"VLLM_API_KEY='{served.api_key}'\n")
+
+
+def write_setup(tmp_path, engines: dict[str, FakeEngine], routers, **settings):
+    engines_dir = tmp_path / "engines"
     for group, served in engines.items():
-        (engines_dir / f"{group}.json").write_text(json.dumps(engine_config(group, served)))
-        (engines_dir / f"{group}.env").write_text(f"VLLM_API_KEY='{served.api_key}'\n")
+        write_group(tmp_path, group, served)
     raw = {
         "interval_seconds": 0.05,
         "probe_timeout_seconds": 0.3,
@@ -265,6 +271,209 @@ def test_a_held_group_is_kept_out_of_the_routers_until_released(
         watchdog.close()
     events = [e["event"] for _, e in events_of(capsys.readouterr().out)]
     assert events == ["healthy", "joined", "held", "left", "unheld", "joined"]
+
+
+def test_a_group_removed_from_the_inventory_is_left_alone_not_restarted(
+    tmp_path, sglang_router, engine, units, capsys
+):
+    """vllm_engine stops a group that left the inventory, then deletes its settings; the
+    watchdog still lists it until its own settings are re-rendered. It must not bring the
+    group back: no restart, no registration, while the settings file is gone."""
+    _, config = write_setup(tmp_path, {"g0": engine}, [sglang_router])
+    watchdog = make_watchdog(config, units)
+    try:
+        watchdog.run_pass()
+        wait_until(lambda: engine.url in listed(sglang_router), what="the join")
+        units.states["vllm-engine@g0.service"] = "inactive"
+        for name in ("g0.json", "g0.env"):
+            (tmp_path / "engines" / name).unlink()
+        for _ in range(config.failure_threshold + 3):
+            watchdog.run_pass()
+        wait_until(lambda: engine.url not in listed(sglang_router), what="the leave")
+        assert units.restarted == []
+    finally:
+        watchdog.close()
+    events = [e["event"] for _, e in events_of(capsys.readouterr().out)]
+    assert "removed" in events
+    assert "restart" not in events
+
+
+def registered_model(router, url: str) -> str | None:
+    """The served name the router has ``url`` registered with (None: not listed)."""
+    models = [w.get("model_id") for w in sglang_listing(router.url) if str(w["url"]) == url]
+    return str(models[0]) if models else None
+
+
+def passes_until(watchdog, condition, what: str) -> None:
+    """Run passes until ``condition`` holds (the router applies adds and removes async)."""
+    wait_until(lambda: (watchdog.run_pass(), condition())[1], what=what)
+
+
+def test_a_new_served_name_is_probed_and_registered_without_a_restart(
+    tmp_path, sglang_router, engine, units, capsys
+):
+    _, config = write_setup(tmp_path, {"g0": engine}, [sglang_router])
+    watchdog = make_watchdog(config, units)
+    try:
+        watchdog.run_pass()
+        wait_until(lambda: engine.url in listed(sglang_router), what="the join")
+        # The operator switched the group's model: Ansible rendered it and restarted it.
+        engine.served_name = "new-model"
+        write_group(tmp_path, "g0", engine)
+        probed = len(engine.models)
+        for _ in range(3):  # past failure_threshold (2)
+            watchdog.run_pass()
+        assert engine.models[probed:] == ["new-model"] * 3
+        assert units.restarted == []
+        assert watchdog.snapshot()["groups"]["g0"]["state"] == "healthy"
+        # The registration made with the old name is replaced by one with the new.
+        passes_until(
+            watchdog,
+            lambda: registered_model(sglang_router, engine.url) == "new-model",
+            "the registration with the new name",
+        )
+        assert units.restarted == []
+    finally:
+        watchdog.close()
+    out = capsys.readouterr().out
+    changes = [e for _, e in events_of(out) if e["event"] == "settings_changed"]
+    assert len(changes) == 1
+    assert changes[0]["changed"] == ["served_name"]
+    assert changes[0]["served_name"] == {"old": "fake-model", "new": "new-model"}
+    assert not [e for _, e in events_of(out) if e["event"] in ("probe_failed", "restart")]
+
+
+def test_a_group_moved_to_another_port_and_key_is_followed_there(
+    tmp_path, sglang_router, units, capsys
+):
+    moved = FakeEngine(api_key="rotated-engine-key-for-tests")
+    # The old port keeps answering here, so only the watchdog can take it off the router.
+    with running_engine() as before, running_engine(moved) as after:
+        _, config = write_setup(tmp_path, {"g0": before}, [sglang_router])
+        watchdog = make_watchdog(config, units)
+        try:
+            watchdog.run_pass()
+            wait_until(lambda: before.url in listed(sglang_router), what="the join")
+            probed = len(before.completions)
+            write_group(tmp_path, "g0", after)
+            passes_until(
+                watchdog,
+                lambda: (
+                    after.url in listed(sglang_router) and before.url not in listed(sglang_router)
+                ),
+                "the old URL left and the new one joined",
+            )
+            assert len(before.completions) == probed
+            assert after.completions
+            assert set(after.completions) == {f"Bearer {moved.api_key}"}
+            assert units.restarted == []
+        finally:
+            watchdog.close()
+    out = capsys.readouterr().out
+    events = [e for _, e in events_of(out)]
+    (change,) = [e for e in events if e["event"] == "settings_changed"]
+    assert change["changed"] == ["probe_url", "advertise_url", "api_key"]
+    assert change["advertise_url"] == {"old": before.url, "new": after.url}
+    assert "api_key" not in change  # named as changed, its values never
+    assert [e["url"] for e in events if e["event"] == "left"] == [before.url]
+    assert [e["event"] for e in events].count("joined") == 2
+    assert ENGINE_KEY not in out
+    assert moved.api_key not in out
+
+
+def test_settings_rendered_before_the_restart_wait_for_it(
+    tmp_path, sglang_router, engine, units, capsys
+):
+    _, config = write_setup(tmp_path, {"g0": engine}, [sglang_router])
+    watchdog = make_watchdog(config, units)
+    try:
+        watchdog.run_pass()
+        wait_until(lambda: engine.url in listed(sglang_router), what="the join")
+        # Rendered while the engine still runs the old name: an upgrade drains it first.
+        write_group(tmp_path, "g0", FakeEngine(served_name="new-model", url=engine.url))
+        for _ in range(4):  # twice failure_threshold
+            watchdog.run_pass()
+        assert engine.models[-1] == "new-model"  # answered 404 by the old process
+        assert units.restarted == []
+        assert watchdog.snapshot()["groups"]["g0"]["state"] == "reconfiguring"
+        passes_until(
+            watchdog, lambda: engine.url not in listed(sglang_router), "the old registration left"
+        )
+        engine.served_name = "new-model"  # the restart onto them
+        passes_until(
+            watchdog,
+            lambda: registered_model(sglang_router, engine.url) == "new-model",
+            "the registration with the new name",
+        )
+        assert watchdog.snapshot()["groups"]["g0"]["state"] == "healthy"
+        assert units.restarted == []
+    finally:
+        watchdog.close()
+    events = [e["event"] for _, e in events_of(capsys.readouterr().out)]
+    assert events[:4] == ["healthy", "joined", "settings_changed", "left"]
+    assert "healthy" in events[4:]
+
+
+def test_unreadable_settings_keep_the_last_ones_and_are_logged_once(
+    tmp_path, engine, units, capsys
+):
+    _, config = write_setup(tmp_path, {"g0": engine}, [])
+    watchdog = make_watchdog(config, units)
+    settings, secrets = tmp_path / "engines" / "g0.json", tmp_path / "engines" / "g0.env"
+    good = settings.read_text()
+    try:
+        watchdog.run_pass()
+        settings.write_text(good[: len(good) // 2])  # caught mid-write
+        for _ in range(3):
+            watchdog.run_pass()
+        report = watchdog.snapshot()["groups"]["g0"]
+        assert report["state"] == "healthy"
+        assert "g0" in report["settings_error"]
+        assert engine.completions == [f"Bearer {ENGINE_KEY}"] * 4  # the last good settings
+        # Another error is logged (once) too; then readable again.
+        settings.write_text(good)
+        secrets.write_text("OTHER=1\n")
+        for _ in range(3):
+            watchdog.run_pass()
+        assert "VLLM_API_KEY" in watchdog.snapshot()["groups"]["g0"]["settings_error"]
+        write_group(tmp_path, "g0", engine)
+        watchdog.run_pass()
+        assert watchdog.snapshot()["groups"]["g0"]["settings_error"] is None
+        assert units.restarted == []
+    finally:
+        watchdog.close()
+    events = events_of(capsys.readouterr().out)
+    names = [e["event"] for _, e in events]
+    assert names == ["healthy", "settings_unreadable", "settings_unreadable", "settings_ok"]
+    assert events[1][0] == "<4>"
+    assert "last settings" in events[1][1]["message"]
+
+
+def test_the_hold_age_is_exported_per_group(tmp_path, engine, units, monkeypatch):
+    monkeypatch.setenv(hold.HOLD_DIR_ENV, str(tmp_path / "hold"))
+    _, config = write_setup(tmp_path, {"g0": engine}, [])
+    watchdog = make_watchdog(config, units)
+
+    def age() -> float | None:
+        name = "vllm_fleet_watchdog_hold_age_seconds"
+        return watchdog.metrics.registry.get_sample_value(name, {"group": "g0"})
+
+    try:
+        watchdog.run_pass()
+        assert age() == 0.0  # present, at 0, when not held
+        # As the upgrade role writes a new group's hold: no "since", the file's time counts.
+        path = hold.hold_path("g0")
+        path.parent.mkdir()
+        path.write_text('{"reason": "upgrade 20250101T000000Z: new group"}')
+        placed = time.time() - 1200
+        os.utime(path, (placed, placed))
+        watchdog.run_pass()
+        assert 1200 <= age() < 1260
+        hold.release("g0")
+        watchdog.run_pass()
+        assert age() == 0.0
+    finally:
+        watchdog.close()
 
 
 def test_the_loop_tells_systemd_ready_then_pings(tmp_path, engine, units):

@@ -290,3 +290,98 @@ def test_a_restart_that_never_starts_times_out():
         machine.step(t, BAD, "active")
     assert machine.step(300, BAD, "deactivating") == []
     assert kinds(machine.step(607, BAD, "deactivating")) == ["backoff"]
+
+
+# -- settings that change under a running group ---------------------------------------
+# The settings are rendered before the unit restarts (an upgrade drains the group in
+# between): probes with the new ones fail on the process still running the old ones.
+
+NOT_SERVED = ProbeResult(False, 0.01, "HTTP 404: The model `new-model` does not exist.")
+
+
+def test_new_settings_wait_for_the_restart_without_counting_failures():
+    machine = healthy_machine()
+    machine.step(2, BAD, "active")
+    assert machine.failures == 1
+    actions = machine.settings_changed(3, ["served_name"])
+    assert kinds(actions) == ["Leave", "settings_changed"]
+    assert events(actions)[0].level == "info"
+    assert events(actions)[0].fields == {"changed": ["served_name"]}
+    assert "served_name" in events(actions)[0].message
+    assert machine.state == State.RECONFIGURING
+    assert machine.failures == 0
+    assert not machine.should_register  # not on the new settings yet
+    # The old process answers the new name with 404 for as long as the drain takes.
+    for t in range(4, 64, 2):
+        assert machine.step(t, NOT_SERVED, "active") == []
+    assert machine.failures == 0
+    assert machine.state == State.RECONFIGURING
+    # The restart that applies them: watched as any start, then back in rotation.
+    assert kinds(machine.step(64, BAD, "deactivating")) == ["unit_transition"]
+    assert machine.state == State.STARTING
+    assert machine.step(66, BAD, "activating") == []
+    assert kinds(machine.step(90, OK, "active")) == ["healthy", "Join"]
+
+
+def test_a_restart_missed_between_two_probes_is_followed_by_the_first_answer():
+    machine = healthy_machine()
+    machine.settings_changed(2, ["api_key"])
+    actions = machine.step(4, OK, "active")
+    assert kinds(actions) == ["healthy", "Join"]
+    assert "new settings" in events(actions)[0].message
+    assert machine.state == State.HEALTHY
+
+
+def test_new_settings_nobody_restarts_onto_are_applied_by_a_restart():
+    machine = healthy_machine()
+    machine.settings_changed(10, ["probe_url", "advertise_url"])
+    assert machine.step(610, NOT_SERVED, "active") == []
+    actions = machine.step(612, NOT_SERVED, "active")
+    assert kinds(actions) == ["Restart", "restart"]
+    assert "600s after they changed" in actions[0].reason
+
+
+def test_a_unit_that_fails_or_stops_while_reconfiguring_is_handled_as_usual():
+    machine = healthy_machine()
+    machine.settings_changed(2, ["served_name"])
+    assert kinds(machine.step(4, BAD, "failed")) == ["Restart", "restart"]
+    machine = healthy_machine()
+    machine.settings_changed(2, ["served_name"])
+    assert kinds(machine.step(4, BAD, "inactive")) == ["stopped"]
+
+
+def test_new_settings_cancel_a_restart_old_failures_made_due():
+    machine = healthy_machine()
+    machine.step(2, BAD, "failed")  # restart 1, immediate
+    machine.step(4, BAD, "failed")  # failed again: backoff until 14
+    assert machine.state == State.BACKOFF
+    actions = machine.settings_changed(5, ["served_name"])
+    assert kinds(actions) == ["settings_changed"]
+    assert "cancelled" in events(actions)[0].message
+    assert machine.state == State.RECONFIGURING
+    assert machine.restart_at is None
+    assert machine.step(14, NOT_SERVED, "active") == []
+    assert kinds(machine.step(16, OK, "active")) == ["healthy", "Join"]
+
+
+@pytest.mark.parametrize("unit_state", ["activating", "inactive"])
+def test_a_group_not_running_keeps_its_state_and_is_probed_with_the_new_settings(unit_state):
+    machine = GroupMachine(POLICY, 0)
+    machine.step(0, BAD, unit_state)
+    before = machine.state
+    actions = machine.settings_changed(2, ["served_name"])
+    assert kinds(actions) == ["settings_changed"]
+    assert machine.state == before
+
+
+def test_a_starting_group_drops_failures_counted_with_the_old_settings():
+    machine = GroupMachine(POLICY, 0)
+    machine.step(0, BAD, "activating")
+    machine.step(2, NOT_SERVED, "active")
+    machine.step(4, NOT_SERVED, "active")
+    assert machine.failures == 2  # one more and it restarts
+    machine.settings_changed(5, ["served_name"])
+    assert machine.failures == 0
+    assert machine.state == State.STARTING
+    assert machine.step(6, BAD, "active") == []
+    assert kinds(machine.step(8, OK, "active")) == ["healthy", "Join"]

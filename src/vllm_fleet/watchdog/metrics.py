@@ -46,6 +46,15 @@ class WatchdogMetrics:
             ["router"],
             registry=self.registry,
         )
+        # 0 rather than absent when not held: every watched group has the series, so a
+        # missing one means a missing scrape, and "> threshold" alone finds stale holds.
+        self.hold_age = Gauge(
+            "vllm_fleet_watchdog_hold_age_seconds",
+            "Seconds since the group was held out of the routers (vllm_fleet.hold, by its "
+            "file's mtime); 0 when it is not held",
+            ["group"],
+            registry=self.registry,
+        )
         self.registered = Gauge(
             "vllm_fleet_watchdog_registered",
             "1 when the router lists the group as a worker",

@@ -1,15 +1,22 @@
 """The watchdog loop: observe every group, step its state machine, act, report.
 
-One pass: probe all groups at once (threads, so one hung engine cannot hold up the others
-past WatchdogSec) and read their units; step each group's machine; reconcile the routers
-(one GET per router, joins and leaves only where they differ from what the machines
-want); carry out restarts; update metrics; tell systemd (WATCHDOG=1, STATUS=...).
+One pass: re-read each group's settings (a new served name, port or key is followed, not
+probed under the old ones); probe all groups at once (threads, so one hung engine cannot
+hold up the others past WatchdogSec) and read their units; step each group's machine;
+reconcile the routers (one GET per router, joins and leaves only where they differ from
+what the machines want); carry out restarts; update metrics; tell systemd (WATCHDOG=1,
+STATUS=...).
+
+Only the groups' own settings are followed: a change to watchdog.json itself (groups,
+routers, policy, metrics address) restarts the service (roles/engine_watchdog does), as
+do the router control key in its environment and a new agent build.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -50,6 +57,7 @@ class Observation:
     unit_error: str | None
     probe: ProbeResult
     measured: bool = True  # False: synthesized because the probe is still running
+    spec: GroupSpec | None = None  # the settings it was made with
 
 
 @dataclass
@@ -62,9 +70,17 @@ class GroupView:
     probe: ProbeResult | None = None
     registered: dict[str, bool] = field(default_factory=dict)
     inflight: Future[Observation] | None = None
+    inflight_spec: GroupSpec | None = None  # the settings the observation in flight uses
     # Tokens the engine had processed at the end of the previous observation.
     progress: float | None = None
     held: bool = False  # an upgrade holds it out of the routers (vllm_fleet.hold)
+    settings_error: str | None = None  # why its settings cannot be read; logged once
+    # Its settings file is gone: the group left the inventory (vllm_engine removes the file
+    # after stopping it). Watched no more until the file is back: never restarted, never joined.
+    removed: bool = False
+    # Advertise URL -> routers still to take it off: registrations made with settings the
+    # group no longer has (another URL, served name or key).
+    retired: dict[str, set[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -73,6 +89,10 @@ class RouterView:
     client: RouterClient
     down: bool = False  # the last listing failed
     last_error: str | None = None  # logged once, not every interval
+
+
+# What a router's registration carries: a change to any of these replaces it.
+REGISTRATION_FIELDS = ("advertise_url", "served_name", "api_key")
 
 
 def policy_from(config: WatchdogConfig) -> Policy:
@@ -125,6 +145,7 @@ class Watchdog:
     # -- one pass ---------------------------------------------------------------------
 
     def run_pass(self) -> None:
+        self._reload_settings()
         observations = self._observe()
         now = self.clock()
         restarts: list[GroupView] = []
@@ -134,6 +155,12 @@ class Watchdog:
                 self._emit("warning", "unit_unknown", seen.unit_error, view)
             view.unit_error = seen.unit_error
             view.unit = seen.unit or view.unit or UnitStatus("unknown")
+            if view.removed:
+                continue
+            if seen.spec != view.spec:
+                # Made with settings replaced since (a probe that hung across the change):
+                # evidence neither way, like the failures settings_changed dropped.
+                continue
             view.probe = seen.probe
             if seen.measured:
                 self.metrics.probe_seconds.labels(group=view.spec.group).observe(seen.probe.seconds)
@@ -149,35 +176,37 @@ class Watchdog:
         for view in self.groups:
             machine = view.machine
             self.metrics.set_state(view.spec.group, machine.state, machine.failures)
+            self.metrics.hold_age.labels(group=view.spec.group).set(_hold_age(view.spec.group))
 
     def _observe(self) -> dict[str, Observation]:
         submitted: dict[str, Future[Observation]] = {}
         for view in self.groups:
             if view.inflight is None or view.inflight.done():
-                view.inflight = self._pool.submit(self._observe_group, view)
+                view.inflight_spec = view.spec
+                view.inflight = self._pool.submit(self._observe_group, view, view.spec)
                 submitted[view.spec.group] = view.inflight
         wait(submitted.values(), timeout=2 * self.config.probe_timeout_seconds + 1)
         observations = {}
         for view in self.groups:
-            future = submitted.get(view.spec.group)
+            future, spec = submitted.get(view.spec.group), view.inflight_spec
             if future is not None and future.done() and future.exception() is not None:
                 crashed = ProbeResult.failed(f"observing crashed: {future.exception()!r}")
-                observations[view.spec.group] = Observation(None, None, crashed, measured=False)
+                observations[view.spec.group] = Observation(None, None, crashed, False, spec)
             elif future is not None and future.done():
                 observations[view.spec.group] = future.result()
             else:
                 # Counted as a failure; no second probe while the first hangs.
                 failed = ProbeResult.failed("the previous probe has not returned")
-                observations[view.spec.group] = Observation(None, None, failed, measured=False)
+                observations[view.spec.group] = Observation(None, None, failed, False, spec)
         return observations
 
-    def _observe_group(self, view: GroupView) -> Observation:
+    def _observe_group(self, view: GroupView, spec: GroupSpec) -> Observation:
+        """Observe with ``spec``, the settings current when it began (they may change)."""
         unit, unit_error = None, None
         try:
-            unit = self.units.status(view.spec.unit)
+            unit = self.units.status(spec.unit)
         except UnitError as err:
             unit_error = str(err)
-        spec = view.spec
         probe = probe_completion(
             view.http,
             spec.probe_url,
@@ -191,7 +220,67 @@ class Watchdog:
         before, view.progress = view.progress, engine_progress(view.http, spec.probe_url, 2.0)
         if not probe.ok:
             probe = judge_timeout(probe, before, view.progress)
-        return Observation(unit, unit_error, probe)
+        return Observation(unit, unit_error, probe, spec=spec)
+
+    # -- settings ---------------------------------------------------------------------
+
+    def _reload_settings(self) -> None:
+        """Follow each group's settings files, so a new model, port or key is probed as such.
+
+        Read every pass rather than on an mtime change: two small files, and no edit within
+        one timestamp tick can slip by. A file that cannot be read keeps the last good
+        settings (the engine, started on readable ones, still runs them).
+        """
+        for view in self.groups:
+            present = (self.config.engine_config_dir / f"{view.spec.group}.json").exists()
+            if present == view.removed:
+                view.removed = not present
+                if view.removed:
+                    message = "its settings file is gone (left the inventory): not watched"
+                    self._emit("info", "removed", message, view)
+                else:
+                    self._emit("info", "settings_back", "its settings file is back", view)
+            if view.removed:
+                continue
+            try:
+                spec = load_group(self.config, view.spec.group)
+            except GroupConfigError as err:
+                if str(err) != view.settings_error:
+                    view.settings_error = str(err)
+                    message = f"{err}; still probing with the last settings read"
+                    self._emit("warning", "settings_unreadable", message, view)
+                continue
+            if view.settings_error is not None:
+                view.settings_error = None
+                if spec == view.spec:
+                    self._emit("info", "settings_ok", "settings readable again, unchanged", view)
+            if spec != view.spec:
+                self._adopt(view, spec)
+
+    def _adopt(self, view: GroupView, spec: GroupSpec) -> None:
+        old, view.spec = view.spec, spec
+        changed = [
+            f.name
+            for f in dataclasses.fields(spec)
+            if getattr(old, f.name) != getattr(spec, f.name)
+        ]
+        # Old and new values for the journal, but not for the key (a field kept out of repr).
+        shown = {
+            f.name: {"old": getattr(old, f.name), "new": getattr(spec, f.name)}
+            for f in dataclasses.fields(spec)
+            if f.name in changed and f.repr
+        }
+        # Another process, perhaps on another port: its token count is not comparable.
+        view.progress = None
+        if any(name in changed for name in REGISTRATION_FIELDS):
+            # Leave the old registration (the old URL, or this URL with the old served name
+            # or key); the group joins again with the new settings once it answers on them.
+            view.retired[old.advertise_url] = {router.target.url for router in self.routers}
+        for action in view.machine.settings_changed(self.clock(), changed):
+            if isinstance(action, Event):
+                self._emit(
+                    action.level, action.name, action.message, view, **action.fields, **shown
+                )
 
     def _reconcile(self) -> None:
         for router in self.routers:
@@ -206,6 +295,7 @@ class Watchdog:
                 router.down, router.last_error = False, None
                 self._emit("info", "router_ok", f"router {name} answers again", router=name)
             for view in self.groups:
+                self._retire(router, view, listed)
                 present = view.spec.advertise_url in listed
                 if self.act and present != self._wants_registered(view):
                     try:
@@ -215,6 +305,26 @@ class Watchdog:
                 view.registered[name] = present
                 self.metrics.registered.labels(group=view.spec.group, router=name).set(present)
 
+    def _retire(self, router: RouterView, view: GroupView, listed: set[str]) -> None:
+        """Take the group's registrations under its previous settings off this router."""
+        name = router.target.url
+        for url, pending in list(view.retired.items()):
+            if name not in pending or not self.act:
+                continue
+            if url in listed:
+                try:
+                    router.client.leave(url)
+                except RouterError as err:
+                    self._router_failed(router, err, view)
+                    continue  # tried again next pass
+                # Unlisted now, so a URL the group keeps is joined again with its new settings.
+                listed.discard(url)
+                message = f"registration under previous settings ({url}) removed from router {name}"
+                self._emit("info", "left", message, view, router=name, url=url)
+            pending.discard(name)
+            if not pending:
+                del view.retired[url]
+
     def _wants_registered(self, view: GroupView) -> bool:
         """The state machine's wish, unless an upgrade holds the group out of the routers."""
         held = hold.is_held(view.spec.group)
@@ -222,7 +332,7 @@ class Watchdog:
             view.held = held
             message = "held out of the routers" if held else "hold lifted"
             self._emit("info", "held" if held else "unheld", message, view)
-        return view.machine.should_register and not held
+        return view.machine.should_register and not held and not view.removed
 
     def _converge(self, router: RouterView, view: GroupView) -> bool:
         """Join or leave as wanted; returns whether the group is now listed."""
@@ -286,6 +396,7 @@ class Watchdog:
                 else {"ok": probe.ok, "seconds": round(probe.seconds, 3), "detail": probe.detail},
                 "registered": dict(view.registered),
                 "held": view.held,
+                "settings_error": view.settings_error,
             }
         return {"groups": groups}
 
@@ -304,6 +415,13 @@ class Watchdog:
                 notify(f"{ready}WATCHDOG=1\nSTATUS={self.status_line()}")
             ready = ""
             stop.wait(max(0.0, self.config.interval_seconds - (time.monotonic() - started)))
+
+
+def _hold_age(group: str) -> float:
+    """Seconds the group has been held out of the routers; 0 when it is not held."""
+    since = hold.held_since(group)
+    # An mtime ahead of the clock (the clock was stepped back) reads as 0, not negative.
+    return 0.0 if since is None else max(0.0, time.time() - since)
 
 
 def _probe_timeout(config: WatchdogConfig) -> httpx.Timeout:

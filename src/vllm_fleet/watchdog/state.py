@@ -17,6 +17,13 @@ Every interval the service feeds ``step(now, probe, unit_state)``; time is a pla
   answers again (an operator fixed it).
 - STOPPED: someone stopped the unit (it is ``inactive`` and the watchdog did not order
   that); it is left stopped until systemd starts it again.
+- RECONFIGURING: the group's settings (served name, port, key, advertise URL) changed while
+  it ran (``settings_changed``). The process still running was started on the old ones, so
+  probes made with the new ones say nothing about it: failures do not count and it is out
+  of rotation until it answers on the new settings. Settings are rendered before the unit
+  restarts (an upgrade drains the group in between, for up to a minute), so that restart is
+  what it waits for: a transition begins a start as usual; a unit still ``active`` and not
+  answering ``max_start_seconds`` after the change is restarted onto its settings.
 
 Registration follows ``should_register``: in rotation (HEALTHY or FAILING) *and* the unit
 exactly ``active``, never while ``activating``/``deactivating``: a stopping engine leaves
@@ -46,9 +53,13 @@ class State(StrEnum):
     BACKOFF = "backoff"
     GAVE_UP = "gave_up"
     STOPPED = "stopped"
+    RECONFIGURING = "reconfiguring"
 
 
 IN_ROTATION = (State.HEALTHY, State.FAILING)
+# States judged by probes of a process already running: new settings void those verdicts,
+# and the group waits (again) for the restart that applies them.
+AWAITS_RESTART = (State.HEALTHY, State.FAILING, State.BACKOFF, State.RECONFIGURING)
 
 
 @dataclass(frozen=True)
@@ -122,8 +133,10 @@ class GroupMachine:
         registered = self.should_register
         first = self.unit_state is None
         self._actions = []
-        # Probes of a unit that is not up are expected to fail; they count as nothing.
-        self.failures = self.failures + 1 if not probe.ok and unit_state == "active" else 0
+        # Probes of a unit that is not up are expected to fail; they count as nothing. Nor
+        # do probes, made with new settings, of a process started on the old ones.
+        counts = unit_state == "active" and self.state != State.RECONFIGURING
+        self.failures = self.failures + 1 if not probe.ok and counts else 0
         if first and unit_state == "active":
             # Type=notify: an active engine has been ready before; judge it as running.
             self._enter(State.HEALTHY if probe.ok else State.FAILING, now)
@@ -137,6 +150,7 @@ class GroupMachine:
                 State.BACKOFF: self._backoff,
                 State.GAVE_UP: self._gave_up,
                 State.STOPPED: self._stopped,
+                State.RECONFIGURING: self._reconfiguring,
             }[self.state]
             handler(now, probe, unit_state)
         self.unit_state = unit_state
@@ -145,6 +159,33 @@ class GroupMachine:
             actions.insert(0, Leave())  # before any restart
         elif self.should_register and not registered:
             actions.append(Join())
+        return actions
+
+    def settings_changed(self, now: float, changed: list[str]) -> list[Action]:
+        """The group's settings changed (``changed`` names the fields, never their values).
+
+        Failures counted so far were probes made with the old settings: they are dropped, and
+        a restart they made due (BACKOFF) is cancelled. A group judged by probes of its running
+        process (HEALTHY, FAILING, BACKOFF) waits in RECONFIGURING for the restart that
+        applies the new settings. One starting, restarting, stopped or given up on stays: its
+        next start reads the new settings anyway, and the probes it is judged by use them.
+        """
+        registered = self.should_register
+        self.failures = 0
+        what = ", ".join(changed)
+        if self.state in AWAITS_RESTART:
+            cancelled = self.state == State.BACKOFF
+            self.restart_at = None
+            self.restart_reason = ""
+            self._enter(State.RECONFIGURING, now)
+            message = f"settings changed ({what}); waiting for the unit to restart on them"
+            if cancelled:
+                message += "; the pending restart is cancelled"
+        else:
+            message = f"settings changed ({what}); probing with the new ones"
+        actions: list[Action] = [Event("info", "settings_changed", message, {"changed": changed})]
+        if registered and not self.should_register:
+            actions.insert(0, Leave())
         return actions
 
     # -- transitions ------------------------------------------------------------------
@@ -237,6 +278,22 @@ class GroupMachine:
         if unit_state in ("activating", "active"):
             self._begin_start(now, now, ordered=False)
             self._starting(now, probe, unit_state)
+
+    def _reconfiguring(self, now: float, probe: ProbeResult, unit_state: str) -> None:
+        if unit_state in TRANSITIONAL:
+            # The restart that applies the new settings (or any other start): judged as one.
+            self._begin_start(now, now, ordered=False)
+            self._event("info", "unit_transition", f"unit is {unit_state}; waiting for it")
+        elif unit_state == "failed":
+            self._fail(now, "unit failed")
+        elif unit_state == "inactive" and not probe.ok:
+            self._stop(now)
+        elif probe.ok and unit_state == "active":
+            self._become_healthy(now, "healthy", "answers probes on its new settings")
+        elif now - self.since > self.policy.max_start_seconds:
+            # Nobody restarted it onto them (a hand edit, a dead playbook run): the watchdog does.
+            limit = self.policy.max_start_seconds
+            self._fail(now, f"not answering on its new settings {limit:.0f}s after they changed")
 
     def _stop(self, now: float) -> None:
         self._enter(State.STOPPED, now)
