@@ -16,7 +16,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +26,19 @@ import httpx
 
 from vllm_fleet.hashing import BLOCK_SIZE, sha256_files
 from vllm_fleet.manifest import Manifest, ManifestFile, canonical_json
+from vllm_fleet.names import SAFE_NAME_RULE, is_safe_name
 
 MANIFEST_NAME = ".vllm-fleet-manifest.json"
 STAMP_NAME = ".vllm-fleet-verified.json"
 CURRENT_LINK = "current"
 STAGING_PREFIX = ".staging-"
 DEFAULT_MARGIN_BYTES = 1024**3
+# Where the engine groups' settings live (vllm_engine_config_dir), and the settings the last
+# upgrade started from, its rollback target (fleet_upgrade_state_dir/previous).
+ENGINE_CONFIG_DIR = Path("/etc/vllm-fleet/engines")
+UPGRADE_SNAPSHOT_DIR = Path("/var/lib/vllm-fleet/upgrade/previous")
+# EngineConfig's field naming the directory an engine loads: <root>/<model>/<revision>.
+MODEL_PATH_FIELD = "model_path"
 
 
 class WeightsError(Exception):
@@ -40,6 +47,10 @@ class WeightsError(Exception):
 
 class DiskFullError(WeightsError):
     """The disk filled while staging: what was staged is removed, not kept for a resume."""
+
+
+class UnreadableSettingsError(WeightsError):
+    """A settings file that may name a revision in use cannot be read: nothing may be pruned."""
 
 
 @dataclass
@@ -72,6 +83,16 @@ class Progress:
 
 
 @dataclass
+class PruneResult:
+    """What a prune kept (each revision with why) and removed; ``refused`` says why it
+    removed nothing at all."""
+
+    kept: dict[str, list[str]]
+    removed: list[str]
+    refused: str | None = None
+
+
+@dataclass
 class FetchResult:
     changed: bool
     path: str
@@ -79,6 +100,7 @@ class FetchResult:
     files: int
     bytes: int
     actions: list[str]
+    prune: PruneResult
 
 
 def revision_dir(root: Path, name: str, revision: str) -> Path:
@@ -234,21 +256,127 @@ def point_current(model_dir: Path, revision: str) -> bool:
     return True
 
 
-def prune(model_dir: Path, keep: int, protect: set[str]) -> list[str]:
-    """Remove the oldest revisions beyond ``keep``; never one in ``protect``."""
+@dataclass(frozen=True)
+class SettingsDir:
+    """A directory of engine settings files (EngineConfig JSON): the revisions they name are
+    in use. ``label`` starts the reason a kept revision gets ("engine g0")."""
+
+    path: Path
+    label: str
+
+
+def _settings_files(directory: Path) -> list[Path]:
+    """The settings files in directory; none when it does not exist (no engine, no upgrade yet).
+
+    Listed by hand: pathlib's glob skips a directory it may not read, which would hide every
+    revision named in it. Hidden files are skipped, as Ansible's find (the upgrade's snapshot)
+    skips them.
+    """
+    try:
+        with os.scandir(directory) as entries:
+            names = [e.name for e in entries if e.name.endswith(".json")]
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise UnreadableSettingsError(f"cannot list {directory}: {err.strerror}") from err
+    return sorted(directory / name for name in names if not name.startswith("."))
+
+
+def _settings_model_path(settings: Path) -> tuple[str, Path]:
+    """(group, model path) of one settings file.
+
+    Only the model path is read, not a whole EngineConfig: a snapshot written by an older
+    release need not validate against this one's model, and only its path matters here.
+    """
+    try:
+        data = json.loads(settings.read_text())
+    except (OSError, ValueError) as err:
+        raise UnreadableSettingsError(f"cannot read {settings}: {err}") from err
+    if not isinstance(data, dict) or not isinstance(data.get(MODEL_PATH_FIELD), str):
+        raise UnreadableSettingsError(f"{settings} has no {MODEL_PATH_FIELD} string")
+    group = data.get("group")
+    return (group if isinstance(group, str) else settings.stem), Path(data[MODEL_PATH_FIELD])
+
+
+def in_use_revisions(model_dir: Path, sources: Sequence[SettingsDir]) -> dict[str, list[str]]:
+    """The revisions of model_dir that settings files name, each with who names it.
+
+    Read when called, so a prune sees the settings as they are at that moment: during a
+    rolling change the engines' files still name the revision they run until re-rendered.
+    """
+    # Resolved: a path through a link (`current`, a linked models root) names its target.
+    real_model_dir = Path(os.path.realpath(model_dir))
+    named: dict[str, list[str]] = {}
+    for source in sources:
+        for settings in _settings_files(source.path):
+            group, model_path = _settings_model_path(settings)
+            loaded = Path(os.path.realpath(model_path))
+            if loaded.parent == real_model_dir:
+                named.setdefault(loaded.name, []).append(f"{source.label} {group}")
+    return named
+
+
+def _installed_revisions(model_dir: Path) -> list[Path]:
+    """Revision directories, newest install first.
+
+    A directory's mtime is its install time: the install writes its manifest and stamp in
+    it last, and the rename into place keeps it. (A stamp refreshed after its files were
+    re-hashed intact makes the pinned revision newer: it is the one in use anyway.)
+    """
     revisions = [
         p
         for p in model_dir.iterdir()
         if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
     ]
-    revisions.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-    removed = []
-    for old in revisions[keep:]:
-        if old.name in protect:
-            continue
+    return sorted(revisions, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
+def _current_reasons(model_dir: Path, pinned: str) -> list[tuple[str, str]]:
+    link = model_dir / CURRENT_LINK
+    current = Path(os.readlink(link)).name if link.is_symlink() else None
+    reasons = [(pinned, "current" if pinned == current else "being installed")]
+    return reasons + ([(current, "current")] if current and current != pinned else [])
+
+
+def prune(
+    model_dir: Path, keep: int, pinned: str, sources: Sequence[SettingsDir] = ()
+) -> PruneResult:
+    """Remove every revision nothing needs.
+
+    Kept: ``current`` and the pinned revision; every revision an engine's settings or an
+    upgrade snapshot in ``sources`` names (the one an engine runs, the rollback target);
+    then the newest ``keep`` by install time. If a settings file cannot be read, what it
+    names is unknown: nothing is removed, and ``refused`` says why.
+    """
+    revisions = _installed_revisions(model_dir)
+    reasons: dict[str, list[str]] = {p.name: [] for p in revisions}
+
+    def note(revision: str, reason: str) -> None:
+        if revision in reasons and reason not in reasons[revision]:
+            reasons[revision].append(reason)
+
+    for revision, reason in _current_reasons(model_dir, pinned):
+        note(revision, reason)
+    refused = None
+    try:
+        for revision, named_by in in_use_revisions(model_dir, sources).items():
+            for reason in named_by:
+                note(revision, reason)
+    except UnreadableSettingsError as err:
+        refused = (
+            f"model {model_dir.name}: pruned nothing: {err}; which revisions the engines or "
+            "an upgrade snapshot use is unknown until it can be read: fix or remove it"
+        )
+    for old in revisions[: max(keep, 0)]:
+        note(old.name, f"newest {keep}")
+    if refused:
+        kept = {name: why or ["prune refused"] for name, why in reasons.items()}
+        return PruneResult(kept=kept, removed=[], refused=refused)
+    removed = [old for old in revisions if not reasons[old.name]]
+    for old in removed:
         remove_tree(old)
-        removed.append(old.name)
-    return removed
+    kept = {name: why for name, why in reasons.items() if why}
+    return PruneResult(kept=kept, removed=[old.name for old in removed])
 
 
 def _hash_prefix(dest: Path) -> tuple[Any, int]:
@@ -350,10 +478,30 @@ class RevisionFetch:
     workers: int = 4
     margin_bytes: int = DEFAULT_MARGIN_BYTES
     report: Callable[[str], None] = lambda _msg: None
+    # Read at prune time: a revision their settings files name is never pruned.
+    engine_config_dir: Path = ENGINE_CONFIG_DIR
+    upgrade_snapshot_dir: Path = UPGRADE_SNAPSHOT_DIR
+
+    def __post_init__(self) -> None:
+        # The name and revision become directories under root, which prune and fetch
+        # remove and write as root: '..' or 'a/b' would reach outside it.
+        for what, value in (("model name", self.name), ("revision", self.revision)):
+            if not is_safe_name(value):
+                raise WeightsError(
+                    f"{what} {value!r} is not one directory name under {self.root}: use "
+                    f"{SAFE_NAME_RULE}"
+                )
 
     @property
     def model_dir(self) -> Path:
         return self.root / self.name
+
+    @property
+    def in_use_sources(self) -> tuple[SettingsDir, ...]:
+        return (
+            SettingsDir(self.engine_config_dir, "engine"),
+            SettingsDir(self.upgrade_snapshot_dir, "upgrade snapshot"),
+        )
 
     @property
     def target(self) -> Path:
@@ -418,8 +566,10 @@ class RevisionFetch:
         manifest = load_local_manifest(self.target)
         if point_current(self.model_dir, self.revision):
             actions.append(f"current -> {self.revision}")
-        removed = prune(self.model_dir, self.keep, {self.revision})
-        actions.extend(f"pruned {r}" for r in removed)
+        pruned = prune(self.model_dir, self.keep, self.revision, self.in_use_sources)
+        actions.extend(f"pruned {r}" for r in pruned.removed)
+        if pruned.refused:
+            self.report(pruned.refused)
         # A partial fetch of a revision no longer pinned would never be resumed.
         for stale in self.model_dir.glob(f"{STAGING_PREFIX}*"):
             remove_tree(stale)
@@ -431,6 +581,7 @@ class RevisionFetch:
             files=len(manifest.files),
             bytes=manifest.total_bytes,
             actions=actions,
+            prune=pruned,
         )
 
     def _fetch_into_place(self) -> Manifest:

@@ -70,7 +70,9 @@ def commit(hub: FakeHub, seed: int) -> str:
     return hub.commit(files, lfs=["model.safetensors"])
 
 
-def run_role(tmp_path: Path, model: dict[str, object], *args: str) -> tuple[int, int, str]:
+def run_role(
+    tmp_path: Path, model: dict[str, object], *args: str, **overrides: object
+) -> tuple[int, int, str]:
     variables = {
         "fleet_engine_groups": [{"name": "g0", "model": "m"}],
         "fleet_models": {"m": {"served_name": "m", **model}},
@@ -78,6 +80,9 @@ def run_role(tmp_path: Path, model: dict[str, object], *args: str) -> tuple[int,
         "model_weights_root": str(tmp_path / "models"),
         "model_weights_agent_python": sys.executable,
         "model_weights_workers": 2,
+        "model_weights_engine_config_dir": str(tmp_path / "engines"),
+        "model_weights_upgrade_snapshot_dir": str(tmp_path / "upgrade" / "previous"),
+        **overrides,
     }
     (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
     play = [
@@ -165,3 +170,29 @@ def test_a_bad_model_setting_is_refused_before_any_change(tmp_path, model, wante
     assert "host engine01: " + wanted in " ".join(out.split()), out[-3000:]
     assert changed == 0
     assert not (tmp_path / "models").exists()
+
+
+def test_revisions_the_engines_or_the_upgrade_snapshot_name_are_not_pruned(hub, tmp_path):
+    """The role hands its settings directories to the fetch; what they name stays."""
+    first, second, third = (commit(hub, seed) for seed in (1, 2, 3))
+    model = {"source": "hf", "repo": REPO, "endpoint": hub.endpoint}
+    models = tmp_path / "models" / "m"
+    rc, _, out = run_role(tmp_path, {**model, "revision": first}, model_weights_keep=1)
+    assert rc == 0, out[-3000:]
+    (tmp_path / "engines").mkdir()
+    (tmp_path / "engines" / "g0.json").write_text(
+        '{"group": "g0", "model_path": "%s"}' % (models / first)
+    )
+    rc, _, out = run_role(tmp_path, {**model, "revision": second}, "-v", model_weights_keep=1)
+    assert rc == 0, out[-3000:]
+    assert {p.name for p in models.iterdir()} == {"current", first, second}
+    assert "engine g0" in out
+
+    # An upgrade snapshot that cannot be parsed: nothing is pruned, and the run says so.
+    (tmp_path / "upgrade" / "previous").mkdir(parents=True)
+    (tmp_path / "upgrade" / "previous" / "g0.json").write_text("{")
+    (tmp_path / "engines" / "g0.json").unlink()
+    rc, _, out = run_role(tmp_path, {**model, "revision": third}, model_weights_keep=1)
+    assert rc == 0, out[-3000:]
+    assert {p.name for p in models.iterdir()} == {"current", first, second, third}
+    assert "[WARNING]: model m: pruned nothing: cannot read " in out

@@ -25,6 +25,9 @@ def mirror(http_dir, tmp_path):
 
 def fetch(mirror, tmp_path, revision=None, **kwargs):
     url, _, rev = mirror
+    # Not the host's own settings directories (what they name is never pruned).
+    kwargs.setdefault("engine_config_dir", tmp_path / "engines")
+    kwargs.setdefault("upgrade_snapshot_dir", tmp_path / "previous")
     return MirrorFetch(
         name="m", revision=revision or rev, base_url=url, root=tmp_path / "srv", **kwargs
     )
@@ -185,3 +188,21 @@ def test_an_unchanged_model_is_not_rewritten(mirror, tmp_path):
     before = stamp.stat().st_mtime_ns
     fetch(mirror, tmp_path).run()
     assert stamp.stat().st_mtime_ns == before
+
+
+@pytest.mark.parametrize(
+    ("name", "revision"),
+    [("..", None), (".", None), ("../x", None), ("a/b", None), ("-rf", None), ("m", "../../etc")],
+)
+def test_a_name_or_revision_that_leaves_the_models_root_is_refused_before_any_change(
+    mirror, tmp_path, name, revision
+):
+    """A fleet_models key of '..' once made a fetch prune the models root's siblings."""
+    sibling = tmp_path / "sibling"
+    sibling.mkdir()
+    (sibling / "keep.txt").write_text("not the fleet's\n")
+    url, _, rev = mirror
+    with pytest.raises(WeightsError, match="is not one directory name under"):
+        MirrorFetch(name=name, revision=revision or rev, base_url=url, root=tmp_path / "srv").run()
+    assert (sibling / "keep.txt").read_text() == "not the fleet's\n"
+    assert not (tmp_path / "srv").exists()

@@ -15,6 +15,11 @@ description:
   - Staging directory, per-file checks, atomic rename, then the C(current) link. A failure
     installs nothing and leaves every other revision in place; an interrupted download is
     resumed by the next run.
+  - Then old revisions are pruned. Kept are C(current), every revision named by an engine
+    settings file in I(engine_config_dir) or an upgrade snapshot in I(upgrade_snapshot_dir)
+    (read at that moment), and the newest I(keep) by install time. If one of those files
+    cannot be read, nothing is pruned. The result's C(prune) lists each kept revision with
+    why, and the removed ones.
   - In check mode it only reports whether anything would change.
 options:
   name: {description: Model name (key of fleet_models)., type: str, required: true}
@@ -30,12 +35,15 @@ options:
   manifest: {description: "Manifest of the pre-staged directory (local); default <path>/manifest.json.", type: path}
   token: {description: Hub or ModelScope token; never logged., type: str}
   root: {description: Models root on the host., type: path, default: /srv/models}
-  keep: {description: Revisions kept per model (for rollback)., type: int, default: 2}
+  keep: {description: "Newest revisions kept per model (for rollback), beyond those in use.", type: int, default: 2}
+  engine_config_dir: {description: "Engine groups' settings (EngineConfig JSON); revisions they name are kept.", type: path, default: /etc/vllm-fleet/engines}
+  upgrade_snapshot_dir: {description: "The last upgrade's snapshot of those settings (its rollback target); revisions it names are kept.", type: path, default: /var/lib/vllm-fleet/upgrade/previous}
   verify: {description: "stamp: trust unchanged files' verified stamp; full: re-hash all.", type: str, default: stamp, choices: [stamp, full]}
   workers: {description: Parallel downloads and hashes., type: int, default: 4}
 """
 
 import os
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +104,11 @@ def main() -> None:
             "token": {"type": "str", "no_log": True},
             "root": {"type": "path", "default": "/srv/models"},
             "keep": {"type": "int", "default": 2},
+            "engine_config_dir": {"type": "path", "default": "/etc/vllm-fleet/engines"},
+            "upgrade_snapshot_dir": {
+                "type": "path",
+                "default": "/var/lib/vllm-fleet/upgrade/previous",
+            },
             "verify": {"type": "str", "default": "stamp", "choices": ["stamp", "full"]},
             "workers": {"type": "int", "default": 4},
         },
@@ -126,6 +139,8 @@ def main() -> None:
         "revision": params["revision"],
         "root": Path(params["root"]),
         "keep": params["keep"],
+        "engine_config_dir": Path(params["engine_config_dir"]),
+        "upgrade_snapshot_dir": Path(params["upgrade_snapshot_dir"]),
         "full_verify": params["verify"] == "full",
         "workers": params["workers"],
         "report": report,
@@ -147,6 +162,8 @@ def main() -> None:
         result = fetch.run()
     except WeightsError as err:
         module.fail_json(msg=str(err), progress=messages)
+    if result.prune.refused:
+        module.warn(result.prune.refused)
     module.exit_json(
         changed=result.changed,
         path=result.path,
@@ -154,6 +171,7 @@ def main() -> None:
         files=result.files,
         bytes=result.bytes,
         actions=result.actions,
+        prune=asdict(result.prune),
         progress=messages,
     )
 
