@@ -383,7 +383,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("path", help="a model directory in Hugging Face format")
     p.set_defaults(func=_cmd_model_check)
+
+    p = sub.add_parser(
+        "engine-state",
+        help="what each engine group runs: stale settings, stopped units, holds (read-only, JSON)",
+    )
+    p.add_argument("--config-dir", default="/etc/vllm-fleet/engines")
+    p.add_argument("--unit-file", default="/etc/systemd/system/vllm-engine@.service")
+    p.add_argument("--group", action="append", default=[], help="also report this group")
+    p.set_defaults(func=_cmd_engine_state)
     return parser
+
+
+def _cmd_engine_state(args: argparse.Namespace) -> int:
+    from vllm_fleet.engine_state import host_state
+
+    print(host_state(Path(args.config_dir), Path(args.unit_file), args.group).to_json())
+    return 0
 
 
 def _cmd_model_check(args: argparse.Namespace) -> int:

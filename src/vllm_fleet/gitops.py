@@ -35,6 +35,8 @@ ENGINE_PREFIXES = ("vllm_engine_", "engine_runtime_", "model_weights_")
 # What engine hosts run besides their variables: a change here restarts engines.
 ENGINE_CODE = ("roles/engine_runtime", "roles/model_weights", "roles/vllm_engine", "catalog",
                "src/vllm_fleet")  # fmt: skip
+# ...except what never reaches a host: the roles' Molecule scenarios.
+NOT_DEPLOYED = (":(exclude)roles/*/molecule/*",)
 ONE_LINE = re.compile(r"^(?P<host>\S+) \| (?P<state>[A-Z!]+) => (?P<json>\{.*\})$")
 
 
@@ -115,7 +117,7 @@ def reasons(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 def code_changes(repo: Path, ref: str) -> list[str]:
     """Engine code files that differ between ref and the checkout."""
-    diff = git(repo, "diff", "--name-only", ref, "--", *ENGINE_CODE)
+    diff = git(repo, "diff", "--name-only", ref, "--", *ENGINE_CODE, *NOT_DEPLOYED)
     return [line for line in diff.stdout.splitlines() if line]
 
 

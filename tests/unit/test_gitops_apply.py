@@ -99,6 +99,17 @@ def test_an_engine_role_change_upgrades_every_engine_host(repo, capsys):
     assert f"engine02: rolling upgrade ({reason})" in out
 
 
+def test_a_molecule_scenario_change_upgrades_nothing(repo, capsys):
+    scenario = repo / "roles/vllm_engine/molecule/default/molecule.yml"
+    scenario.parent.mkdir(parents=True)
+    scenario.write_text("---\n")
+    git(repo, "add", ".")
+    git(repo, "commit", "-qm", "scenario only")
+    out = run_apply(repo, git(repo, "rev-parse", "HEAD~1"), capsys)
+    assert "no upgrade" in out
+    assert UPGRADE not in out
+
+
 def test_a_base_commit_missing_from_the_repository_is_upgraded(repo, capsys):
     out = run_apply(repo, "f" * 40, capsys)
     assert (

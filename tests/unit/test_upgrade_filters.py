@@ -13,21 +13,6 @@ assert _SPEC and _SPEC.loader
 filters = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(filters)
 
-HOSTVARS = {
-    "e1": {"fleet_engine_groups": [{"name": "g0", "model": "m"}, {"name": "g1", "model": "n"}]},
-    "e2": {"fleet_engine_groups": [{"name": "g0", "model": "m"}]},
-    "e3": {"fleet_engine_groups": [{"name": "g0", "model": "m"}, {"name": "g1", "model": "m"}]},
-    "r1": {},
-}
-
-
-def test_min_peers_counts_the_models_groups_outside_the_batch():
-    hosts = ["e1", "e2", "e3"]
-    assert filters.upgrade_min_peers("m", hosts, ["e1"], HOSTVARS) == 3
-    assert filters.upgrade_min_peers("m", hosts, ["e1", "e3"], HOSTVARS) == 1
-    assert filters.upgrade_min_peers("n", hosts, ["e1"], HOSTVARS) == 0
-    assert filters.upgrade_min_peers("m", [*hosts, "r1"], ["e2"], HOSTVARS) == 3
-
 
 def test_config_groups_are_the_settings_files_stems():
     files = [

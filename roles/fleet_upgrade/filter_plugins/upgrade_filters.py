@@ -6,19 +6,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-
-def upgrade_min_peers(
-    model: str, engine_hosts: list[str], batch_hosts: list[str], hostvars: Mapping[str, Any]
-) -> int:
-    """Groups serving ``model`` on engine hosts outside this batch: all must keep serving."""
-    batch = set(batch_hosts)
-    return sum(
-        1
-        for host in engine_hosts
-        if host not in batch
-        for group in hostvars[host].get("fleet_engine_groups", [])
-        if group.get("model") == model
-    )
+from vllm_fleet.rollout import drain_plan
 
 
 def config_groups(files: list[dict[str, Any]]) -> list[str]:
@@ -88,7 +76,7 @@ def snapshot_files(
 class FilterModule:
     def filters(self) -> dict[str, object]:
         return {
-            "upgrade_min_peers": upgrade_min_peers,
+            "upgrade_drain_plan": drain_plan,
             "config_groups": config_groups,
             "upgrade_records": upgrade_records,
             "failure_text": failure_text,

@@ -18,6 +18,7 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
 from vllm_fleet.preflight import HostInput, PreflightResult, validate
+from vllm_fleet.preflight.change_safety import RETIRED_KEY, check_fleet_change
 from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
 from vllm_fleet.preflight.report import render_markdown
 
@@ -28,13 +29,13 @@ FLEET_VARIABLES = {
     "fleet_stacks", "fleet_router", "fleet_router_releases", "fleet_router_client_key",
     "fleet_router_control_key", "fleet_watchdog", "fleet_monitoring", "fleet_node_exporter",
     "fleet_engine_runtime_source", "fleet_index_url", "fleet_ascend_index_url",
-    "fleet_hf_token", "fleet_modelscope_token",
+    "fleet_hf_token", "fleet_modelscope_token", RETIRED_KEY,
     "preflight_kv_plan",
     "fleet_memory_utilization",
     "fleet_memory_reserve_bytes",
     "preflight_facts", "preflight_probe", "preflight_nvidia_smi", "preflight_npu_smi",
     "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_info",
-    "preflight_agent",
+    "preflight_agent", "preflight_engine_files", "preflight_engine_settings",
     "preflight_result",
 }  # fmt: skip
 READ = ("fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models")
@@ -73,7 +74,7 @@ def host_input(
             variables[key] = raw(hostvars, key)
     variables.update(play_level)
     facts, models = facts_of(hostvars)
-    return HostInput(name, variables, facts, models)
+    return HostInput(name, variables, facts, models, hostvars.get("preflight_engine_settings"))
 
 
 def summarize(outcome: PreflightResult, hosts: list[str]) -> dict[str, object]:
@@ -138,6 +139,13 @@ class ActionModule(ActionBase):
                 play_level[key] = rendered
         hosts = [host_input(name, all_hostvars[name], play_level) for name in args["hosts"]]
         outcome = validate(hosts, task_vars["fleet_stacks"], known)
+        # Fleet-wide: what every engine host of the inventory will serve, not only this play's.
+        engine_hosts = {
+            name: {"fleet_engine_groups": raw(all_hostvars[name], "fleet_engine_groups")}
+            for name in task_vars["groups"].get("engines", [])
+            if "fleet_engine_groups" in all_hostvars[name]
+        }
+        check_fleet_change(hosts, engine_hosts, outcome)
         report = self._write_report(outcome, Path(args["report_dir"]))
         result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)

@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from vllm_fleet.engine_config import SECRET_NAME, env_problems, extra_args_problems, owned_flag
 from vllm_fleet.kv_planner import (
     DTYPE_BYTES,
     AttentionShape,
@@ -16,6 +17,7 @@ from vllm_fleet.kv_planner import (
     plan,
     request_kv_bytes,
 )
+from vllm_fleet.names import SAFE_NAME, SAFE_NAME_RULE
 from vllm_fleet.preflight.facts import INT64_MAX, HostFacts
 
 ACCELERATORS = ("cpu", "cuda", "ascend")
@@ -56,15 +58,46 @@ PIN_FIX = {
 # Required per source (the model_weights role's own rule), and the other string settings.
 SOURCE_REQUIRES = {"mirror": "url", "local": "path", "hf": "repo", "modelscope": "repo"}
 MODEL_STRINGS = ("url", "repo", "endpoint", "path", "manifest")
-GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+GROUP_NAME = SAFE_NAME
 GIB = 1024**3
 # Variables whose values are secrets: a finding names them but never shows the value.
-SECRET_KEY = re.compile(r"(^|_)(key|secret|password|token|passphrase)s?$", re.IGNORECASE)
+SECRET_KEY = SECRET_NAME
 REDACTED = "<redacted>"
+# An unknown variable or setting may be a misspelt secret (fleet_hf_tokn): its value is
+# never shown, only its name.
+NOT_SHOWN = "<not shown>"
 
 
 def shown_value(key: str, value: object) -> object:
-    return REDACTED if SECRET_KEY.search(key) else value
+    """The value as a finding may show it: secrets inside it (a secret-named key of a
+    mapping, the value after a flag such as --api-key) replaced by <redacted>."""
+    if value is NOT_SHOWN:
+        return value
+    return REDACTED if SECRET_KEY.search(key.rsplit(".", 1)[-1]) else scrubbed(value)
+
+
+def secret_flag(arg: str) -> bool:
+    name = arg.split("=", 1)[0].lstrip("-").replace("-", "_")
+    return arg.startswith("-") and (
+        SECRET_KEY.search(name) is not None or owned_flag(arg) == "--api-key"
+    )
+
+
+def scrubbed(value: object) -> object:
+    if isinstance(value, dict):
+        return {k: REDACTED if SECRET_KEY.search(str(k)) else scrubbed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        out: list[object] = []
+        for i, item in enumerate(value):
+            after_flag = i > 0 and isinstance(value[i - 1], str) and secret_flag(value[i - 1])
+            if isinstance(item, str) and "=" in item and secret_flag(item):
+                out.append(item.split("=", 1)[0] + "=" + REDACTED)
+            elif after_flag and not (isinstance(item, str) and item.startswith("-")):
+                out.append(REDACTED)
+            else:
+                out.append(scrubbed(item))
+        return out
+    return value
 
 
 def is_int(value: object, minimum: int = 1) -> bool:
@@ -118,6 +151,8 @@ class HostInput:
     facts: HostFacts
     # What the host's installed weights say of a model: {"config": ..., "weight_bytes": ...}.
     installed_models: dict[str, dict[str, object]] = field(default_factory=dict)
+    # The engine settings the host has now, as the probe slurped them (change_safety reads them).
+    engine_settings: object = None
 
 
 @dataclass
@@ -227,7 +262,7 @@ class HostChecker:
             hint = did_you_mean(key, self.known_keys)
             self.error(
                 key,
-                self.v[key],
+                NOT_SHOWN,
                 f"unknown variable {hint}".strip(),
                 "rename it to a documented variable (roles/*/meta/argument_specs.yml) or remove it",
             )
@@ -324,7 +359,7 @@ class HostChecker:
                 hint = did_you_mean(str(key), GROUP_REQUIRED + GROUP_OPTIONAL)
                 self.error(
                     f"{label}.{key}",
-                    group[key],
+                    NOT_SHOWN,
                     f"unknown engine group setting {hint}".strip(),
                     "use the settings listed in roles/vllm_engine/meta/argument_specs.yml",
                 )
@@ -341,7 +376,7 @@ class HostChecker:
             (
                 "name",
                 isinstance(group["name"], str) and GROUP_NAME.fullmatch(group["name"]) is not None,
-                "letters, digits, '.', '_' or '-' only (it becomes a unit name)",
+                f"{SAFE_NAME_RULE} (it becomes a unit name)",
             ),
             (
                 "port",
@@ -367,7 +402,16 @@ class HostChecker:
             if not good:
                 self.error(f"{label}.{key}", group[key], "invalid value", f"use {fix}")
                 ok = False
-        return ok
+        if not ok:
+            return False
+        owned = {
+            "extra_args": extra_args_problems(group.get("extra_args", [])),  # type: ignore[arg-type]
+            "env": env_problems(group.get("env", {})),  # type: ignore[arg-type]
+        }
+        for key, problems in owned.items():
+            for what, fix in problems:
+                self.error(f"{label}.{key}", group[key], what, fix)
+        return not any(owned.values())
 
     def check_collisions(self, groups: list[dict[str, object]]) -> None:
         seen_names: set[object] = set()
@@ -515,6 +559,14 @@ class HostChecker:
             return None
         model = models[name]
         where = f"fleet_models.{name}"
+        if GROUP_NAME.fullmatch(name) is None:
+            self.error(
+                where,
+                name,
+                "a model name becomes a directory under the models root",
+                f"use {SAFE_NAME_RULE}",
+            )
+            return None
         if not isinstance(model, dict):
             self.error(
                 where,
@@ -528,7 +580,7 @@ class HostChecker:
                 hint = did_you_mean(str(key), MODEL_KEYS)
                 self.error(
                     f"{where}.{key}",
-                    model[key],
+                    NOT_SHOWN,
                     f"unknown model setting {hint}".strip(),
                     f"use {', '.join(MODEL_KEYS)}",
                 )

@@ -137,10 +137,26 @@ def test_installed_weights_override_the_catalog_metadata():
     assert result.plan[0].kv_cache_bytes == int(80 * 1024**3 * 0.9) - 25 * 1024**3 - 2 * 1024**3
 
 
-def test_a_misspelt_secret_is_named_but_its_value_never_shown():
+@pytest.mark.parametrize(
+    "key",
+    ["fleet_router_contrl_key", "fleet_engine_api_kye", "fleet_hf_tokn", "fleet_router_secrt"],
+)
+def test_an_unknown_variable_is_named_but_its_value_never_shown(key):
+    """A misspelt secret no longer looks like one: no unknown variable's value is shown."""
     host = base("cpu")
-    host["variables"]["fleet_router_contrl_key"] = "s3cret-value-that-must-not-leak"
-    result = run(host)
-    messages = [str(e) for e in result.errors]
-    assert any("fleet_router_contrl_key='<redacted>'" in m for m in messages), messages
+    host["variables"][key] = "s3cret-value-that-must-not-leak"
+    messages = [str(e) for e in run(host).errors]
+    assert any(f"{key}='<not shown>': unknown variable" in m for m in messages), messages
     assert not any("s3cret-value" in m for m in messages)
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden"])
+def test_a_model_name_that_would_leave_the_models_root_is_refused(name):
+    host = base("cpu")
+    models = host["variables"]["fleet_models"]
+    models[name] = models.pop("smollm2-135m")
+    host["variables"]["fleet_engine_groups"][0]["model"] = name
+    messages = [str(e) for e in run(host).errors]
+    assert any(
+        f"fleet_models.{name}={name!r}: a model name becomes a directory" in m for m in messages
+    ), messages

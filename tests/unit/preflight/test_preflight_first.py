@@ -31,7 +31,7 @@ READ_ONLY = {
 }
 TASK_KEYS = {
     "name", "when", "register", "changed_when", "failed_when", "check_mode", "loop",
-    "loop_control", "vars", "tags", "run_once", "block", "delegate_to",
+    "loop_control", "vars", "tags", "run_once", "block", "delegate_to", "become", "no_log",
 }  # fmt: skip
 
 
