@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e chaos test bench bench-router bench-upgrade bench-hash plan clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e e2e-all chaos matrix test test-all bench bench-router bench-upgrade bench-hash plan clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -45,20 +45,30 @@ lint: collections ## yamllint, ansible-lint (production profile), ruff
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-unit: venv ## unit tests of the vllm_fleet package (installs the fixtures' host tools first)
-	$(BIN)/python -m vllm_fleet.lab prepare --only host-packages
-	$(BIN)/pytest tests/unit
+unit: venv ## unit tests of the vllm_fleet package, on every core (installs the fixtures' host tools first)
+	$(BIN)/python -m vllm_fleet.lab prepare --only host-packages promtool
+	$(BIN)/pytest -n auto --durations=15 tests/unit
 
 molecule: prepare ## every role's Molecule scenario (real systemd containers, real engines)
 	$(BIN)/python -m tests.molecule_runner
 
-e2e: prepare ## the lab end to end: fresh lab, site.yml, idempotence, secrets; the fault matrix last
-	$(BIN)/pytest --durations=40 tests/lab
+e2e: prepare ## the lab end to end: fresh lab, site.yml, idempotence, secrets; fault and change matrices last (one row per mechanism)
+	$(BIN)/pytest --durations=40 -m "not full" tests/lab
+
+e2e-all: prepare ## e2e with every row of the fault and change matrices
+	$(BIN)/pytest --durations=60 tests/lab
 
 chaos: prepare ## the fault matrix alone, on a fresh lab (VLLM_FLEET_LAB_REUSE=1: the running one)
 	$(BIN)/pytest tests/lab/test_chaos_lab.py
 
-test: lint unit molecule e2e ## everything CI runs
+matrix: prepare ## the change matrix alone, every row (VLLM_FLEET_LAB_REUSE=1: on the running lab)
+	$(BIN)/pytest tests/lab/test_change_matrix_lab.py
+
+test: venv ## what CI runs: lint, unit, Molecule, the lab (every mechanism once); time per layer
+	$(BIN)/python -m tests.suite test
+
+test-all: venv ## every row of every matrix; time per layer
+	$(BIN)/python -m tests.suite test-all
 
 bench: prepare ## lab bring-up time by phase and the re-run's fraction; then bench-router
 	$(BIN)/python bench/lab_bringup.py
