@@ -41,10 +41,25 @@ class PlaybookRun:
         }
 
 
+TIMINGS = ROOT / "reports" / "timings"
+
+
+def timings_env(name: str) -> dict[str, str]:
+    """Seconds per task of this run in reports/timings/ (plugins/callback/vllm_fleet_timings)."""
+    TIMINGS.mkdir(parents=True, exist_ok=True)
+    out = TIMINGS / f"{time.strftime('%H%M%S')}-{Path(name).stem}.json"
+    return {**os.environ, "VLLM_FLEET_TIMINGS_OUT": str(out)}
+
+
 def playbook(*args: str) -> PlaybookRun:
     started = time.monotonic()
     proc = subprocess.run(
-        ["ansible-playbook", *args], cwd=ROOT, capture_output=True, text=True, check=False
+        ["ansible-playbook", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=timings_env(args[0]),
     )
     return PlaybookRun(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - started)
 
@@ -188,8 +203,42 @@ CHAOS_LEGEND = (
 )
 
 
+@dataclass
+class MatrixRow:
+    """One change of the change matrix (tests/lab/test_change_matrix_lab.py) and what it cost."""
+
+    change: str
+    playbook: str
+    seconds: float
+    stats: LoadStats
+    min_serving: int  # fewest engines of a served name the load used, in any router sample
+    verify: str
+    rerun_changed: int | None
+
+    def line(self) -> str:
+        s = self.stats
+        rerun = "-" if self.rerun_changed is None else str(self.rerun_changed)
+        return (
+            f"{self.change:32s} | {self.playbook:11s} | {self.seconds:5.0f} | "
+            f"{s.plain_ok:5d} / {s.plain_failed:<3d} | {s.streams_ok:4d} / {s.streams_cut:<3d} | "
+            f"{self.min_serving:3d} | {self.verify:6s} | {rerun}"
+        )
+
+
+MATRIX: list[MatrixRow] = []
+MATRIX_HEADER = (
+    f"{'change':32s} | {'playbook':11s} | {'secs':>5s} | requests ok/failed | "
+    "streams ok/cut | min engines serving | verify | rerun changed"
+)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The fault matrix, at the end of the run where CI's tail shows it."""
+    """The fault and change matrices, at the end of the run where CI's tail shows them."""
+    if MATRIX:
+        terminalreporter.section("change matrix")
+        terminalreporter.write_line(MATRIX_HEADER)
+        for matrix_row in MATRIX:
+            terminalreporter.write_line(matrix_row.line())
     if not CHAOS_MATRIX:
         return
     terminalreporter.section("fault matrix")
@@ -200,8 +249,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 # Run after every other lab test, in this order: the fault matrix restarts hosts and services;
-# the rolling upgrades leave the lab on another revision and settings than the inventory's.
-LAST = {"test_chaos_lab.py": 1, "test_upgrade_lab.py": 2}
+# the rolling upgrades leave the lab on another revision and settings than the inventory's;
+# the change matrix starts from there.
+LAST = {"test_chaos_lab.py": 1, "test_upgrade_lab.py": 2, "test_change_matrix_lab.py": 3}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -170,6 +170,9 @@ def test_engine_sigkill(chaos):
     assert_nothing_lost(row)
 
 
+# make test: tests/unit/test_watchdog_service.py (a hanging engine is left and restarted while
+# the others go on, by the real watchdog service).
+@pytest.mark.full
 def test_engine_sigstop_hang(chaos):
     host, url = "engine01", ENGINE_URLS["engine01"]
     show = unit_show(host, "MainPID", "InvocationID")
@@ -232,6 +235,9 @@ def test_router_killed(chaos):
     assert row.lost == 0
 
 
+# The same recovery as a router SIGKILL (systemd and the watchdogs' re-registration), with
+# a host boot before it: make test-all.
+@pytest.mark.full
 def test_router_host_restarted(chaos):
     with clients(retries=SDK_RETRIES) as load:
         time.sleep(3)
@@ -255,6 +261,9 @@ def test_router_host_restarted(chaos):
     assert row.lost == 0
 
 
+# make test: the vllm_engine scenario asserts the units are enabled (started at boot); the
+# router host restart (also make test-all) is the same boot path.
+@pytest.mark.full
 def test_engine_host_restarted(chaos):
     host, url = "engine02", ENGINE_URLS["engine02"]
     address = container_address(host)
@@ -559,6 +568,8 @@ def long_prompts(stop: threading.Event) -> None:
         time.sleep(0.5)
 
 
+# make test: an engine killed (SIGKILL above) takes the same restart and retry path.
+@pytest.mark.full
 def test_engine_oom_killed(chaos):
     host, url = "engine01", ENGINE_URLS["engine01"]
     before = int(unit_show(host, "NRestarts")["NRestarts"])

@@ -11,6 +11,7 @@ import ipaddress
 import re
 
 from tests.lab.conftest import ENGINES, in_host
+from tests.lab.faults import secret
 
 ROUTER_HOST = "router01"
 UNITS = {
@@ -85,3 +86,29 @@ def test_engines_listen_only_where_the_router_reaches_them(fresh_lab):
         ports = {port: address for address, port, _p in listeners(host)}
         for port, what in ENGINE_HOST_PORTS.items():
             assert ports.get(port) == private, (host, what, ports)
+
+
+def test_the_router_runs_unprivileged_and_its_keys_stay_root_only(fresh_lab):
+    """The router's own checks (its Molecule scenario runs in make test-all): every process
+    of its unit runs as vllm-router, its keys live in a root-only file and reach no process
+    environment of the unit, its settings file is readable by its group and holds no key."""
+    unit = "vllm-fleet-router.service"
+    keys = [secret(name) for name in ("router_client_key", "router_control_key")]
+    rows = in_host(ROUTER_HOST, "ps", "-eo", "pid=,user:32=,unit:64=").stdout.splitlines()
+    processes = [(pid, user) for pid, user, owner in map(str.split, rows) if owner == unit]
+    main = in_host(ROUTER_HOST, "systemctl", "show", "-p", "MainPID", "--value", unit).stdout
+    assert main.strip() in [pid for pid, _ in processes], processes
+    assert {user for _, user in processes} == {"vllm-router"}, processes
+    for pid, _ in processes:
+        environ = in_host(ROUTER_HOST, "cat", f"/proc/{pid}/environ").stdout
+        assert not any(key in environ for key in keys), f"a key in /proc/{pid}/environ"
+    modes = {
+        path: in_host(ROUTER_HOST, "stat", "-c", "%U %G %a", path).stdout.split()
+        for path in ("/etc/vllm-fleet/router.env", "/etc/vllm-fleet/router.json")
+    }
+    assert modes == {
+        "/etc/vllm-fleet/router.env": ["root", "root", "600"],
+        "/etc/vllm-fleet/router.json": ["root", "vllm-router", "640"],
+    }
+    settings = in_host(ROUTER_HOST, "cat", "/etc/vllm-fleet/router.json").stdout
+    assert settings and not any(key in settings for key in keys)

@@ -143,6 +143,9 @@ def corrupt_revision(tmp_path):
         in_host(host, "rm", "-rf", f"/srv/models/smollm2-135m/.staging-{revision}")
 
 
+# make test: tests/unit/test_weights_faults.py (a corrupt or failed fetch keeps the previous
+# revision current) and model_weights' scenario (a flipped byte found by both hashes).
+@pytest.mark.full
 def test_corrupt_weights_fail_the_run_and_the_previous_revision_keeps_serving(
     fresh_lab, corrupt_revision, tmp_path
 ):
@@ -172,6 +175,9 @@ def test_corrupt_weights_fail_the_run_and_the_previous_revision_keeps_serving(
         assert smoke.returncode == 0, smoke.stdout
 
 
+# make test-all: a group that fails to start goes through fleet_upgrade's rescue (journal,
+# rollback), which make test proves with test_upgrade_lab.py's broken target under load.
+@pytest.mark.full
 def test_a_group_that_cannot_start_fails_with_its_journal_and_recovers(fresh_lab, tmp_path):
     bad = tmp_path / "bad.yml"
     group = engine_settings("engine02")
@@ -261,6 +267,9 @@ def bare_host(tmp_path):
     subprocess.run(["podman", "rm", "--force", name], capture_output=True, check=False)
 
 
+# make test: the drift case runs site.yml --check --diff on the lab and asserts it changed
+# nothing there.
+@pytest.mark.full
 def test_check_mode_on_a_bare_host_reports_changes_and_makes_none(fresh_lab, bare_host):
     name, inventory = bare_host
     # The key goes in a 0600 vars file, never on a command line.

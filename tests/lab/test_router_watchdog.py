@@ -155,6 +155,9 @@ def start_failure(lab) -> Iterator[str]:
         in_host(host, "systemctl", "start", UNIT)
 
 
+# make test: the budget's state machine in tests/unit/test_watchdog_state.py; here with the
+# real watchdog and systemd (and in engine_watchdog's scenario), make test-all.
+@pytest.mark.full
 def test_the_restart_budget_stops_a_start_failure_loop(start_failure):
     host, url = start_failure, ENGINE_URLS["engine02"]
     before = restarts(host)

@@ -15,6 +15,11 @@ from vllm_fleet.lab import promtool, steps
 from vllm_fleet.lab.paths import LabPaths
 
 LAB_STACK = "cpu-vllm-0.32.0"
+# Stacks the lab can also serve from its mirror (the change matrix moves the lab 0.31.0 ->
+# 0.32.0 and back). Built only on demand (`prepare --only wheelhouse-extra`), so that the
+# default prepare of a new checkout stays fast.
+EXTRA_STACKS = ["cpu-vllm-0.31.0"]
+ON_DEMAND = {"wheelhouse-extra"}
 PINNED_MODELS = Path("inventories/lab/group_vars/all/models.yml")
 
 
@@ -29,12 +34,17 @@ def check_pin(paths: LabPaths, revision: str) -> None:
         )
 
 
-def prepare(paths: LabPaths, only: list[str]) -> dict[str, float]:
+def prepare(
+    paths: LabPaths, only: list[str], extra_stacks: list[str] | None = None
+) -> dict[str, float]:
+    """Run the steps (only those named, if any); ON_DEMAND steps run only when named."""
+    extra = EXTRA_STACKS if extra_stacks is None else extra_stacks
     plan: dict[str, Callable[[], object]] = {
         "host-packages": lambda: steps.host_packages(paths),
         "collection": lambda: steps.collection(paths),
         "image": lambda: steps.image(paths),
         "wheelhouse": lambda: steps.wheelhouse(paths, LAB_STACK),
+        "wheelhouse-extra": lambda: [steps.wheelhouse(paths, stack) for stack in extra],
         "router-wheelhouses": lambda: steps.router_wheelhouses(paths),
         "agent": lambda: steps.agent(paths),
         "model": lambda: check_pin(paths, steps.model(paths)),
@@ -43,7 +53,7 @@ def prepare(paths: LabPaths, only: list[str]) -> dict[str, float]:
     }
     timings = {}
     for name, step in plan.items():
-        if only and name not in only:
+        if (only and name not in only) or (not only and name in ON_DEMAND):
             continue
         started = time.monotonic()
         step()
@@ -57,10 +67,15 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prepare", help="build what the lab needs (cached)")
     p.add_argument("--only", nargs="*", default=[])
+    p.add_argument(
+        "--extra-stack",
+        action="append",
+        help=f"a stack for wheelhouse-extra (repeatable; default {', '.join(EXTRA_STACKS)})",
+    )
     p.add_argument("--timings", help="write step timings (JSON) here")
     args = parser.parse_args(argv)
     paths = LabPaths.default()
-    timings = prepare(paths, args.only)
+    timings = prepare(paths, args.only, args.extra_stack)
     if args.timings:
         Path(args.timings).write_text(json.dumps(timings, indent=2) + "\n")
     return 0

@@ -1,0 +1,472 @@
+"""The change matrix: each kind of inventory change, made with the playbook an operator would
+use, while a bounded client load runs through the router.
+
+Every row asserts: no failed non-streaming request, no cut stream, at least one engine of each
+served name the load asks for in the router's rotation at every sample, the run (and so its
+verification) passed, a second run changes nothing, and every engine host's deployed.json and
+settings name what runs. The table is printed at the end of the session (CI's tail).
+
+Rows are cumulative: each starts from the state the previous one left. ``make test`` runs the
+rows not marked ``full`` (one per mechanism: a host left half-applied by a dead run, which
+site.yml finishes from the host's actual state as a rolling change, and a refused unsafe
+change), without the idempotent rerun the lab's second site.yml run already proves;
+``make test-all`` runs them all, the controller really SIGKILLed mid-upgrade among them. They run after
+the rolling-upgrade tests (tests/lab/conftest.py), which leave the lab on revision B with
+max_num_seqs 12; the first row brings it back to the inventory's settings through site.yml.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.lab.conftest import (
+    ENGINES,
+    MATRIX,
+    MATRIX_HEADER,
+    ROOT,
+    MatrixRow,
+    PlaybookRun,
+    engine_settings,
+    in_host,
+    playbook,
+)
+from tests.lab.faults import ROUTER, secret, wait_until
+from vllm_fleet.lab.client_load import ClientLoad, LoadStats
+from vllm_fleet.lab.rotation import RotationSampler
+
+VARIANT = "change-matrix"
+BASE = ROOT / "inventories" / "lab"
+MODEL = "smollm2-135m"
+SECOND = "smollm2-135m-b"  # the same weights under a second served name
+SECOND_NAME = "smollm2-b"
+
+Inventory = dict[str, Any]  # relative path of a YAML file -> its data
+
+
+def read_inventory() -> Inventory:
+    return {
+        str(p.relative_to(BASE)): yaml.safe_load(p.read_text()) for p in sorted(BASE.rglob("*.yml"))
+    }
+
+
+def write_inventory(data: Inventory) -> Path:
+    """inventories/<VARIANT>: inside inventories/ because the lab inventory finds its
+    secrets relative to itself."""
+    target = ROOT / "inventories" / VARIANT
+    shutil.rmtree(target, ignore_errors=True)
+    for relative, content in data.items():
+        path = target / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(content, sort_keys=False))
+    return target
+
+
+def groups_of(inv: Inventory, host: str) -> list[dict[str, Any]]:
+    return inv[f"host_vars/{host}.yml"]["fleet_engine_groups"]
+
+
+def models_of(inv: Inventory) -> dict[str, Any]:
+    return inv["group_vars/all/models.yml"]["fleet_models"]
+
+
+def fleet_of(inv: Inventory) -> dict[str, Any]:
+    return inv["group_vars/all/fleet.yml"]
+
+
+def served_urls(inv: Inventory) -> dict[str, list[str]]:
+    """served name -> the worker URLs the router lists for it, per the inventory."""
+    out: dict[str, list[str]] = {}
+    models = models_of(inv)
+    for host in ENGINES:
+        for group in groups_of(inv, host):
+            name = models[group["model"]]["served_name"]
+            out.setdefault(name, []).append(f"http://{host}:{group['port']}")
+    return out
+
+
+class Matrix:
+    """The lab's inventory as the rows have left it."""
+
+    def __init__(self) -> None:
+        self.inventory = read_inventory()
+
+    def apply(
+        self,
+        change: str,
+        edit: Callable[[Inventory], None],
+        *,
+        playbook_path: str = "site.yml",
+        load_names: list[str] | None = None,
+        rerun: bool = True,
+        during: Callable[[subprocess.Popen[str]], None] | None = None,
+        tags: str = "",
+    ) -> tuple[MatrixRow, PlaybookRun]:
+        target = json.loads(json.dumps(self.inventory))
+        edit(target)
+        path = write_inventory(target)
+        before = served_urls(self.inventory)
+        after = served_urls(target)
+        # The load asks only for names served before and after the change (a client of a
+        # name being retired has moved off it first: that is the safe sequence).
+        names = load_names or sorted(set(before) & set(after))
+        watched = sorted({u for n in names for u in set(before[n]) & set(after[n])})
+        with ExitStack() as stack:
+            sampler = stack.enter_context(
+                RotationSampler(ROUTER, secret("router_control_key"), watched)
+            )
+            loads = [
+                stack.enter_context(
+                    ClientLoad(ROUTER, secret("router_client_key"), n, plain=2, streams=1)
+                )
+                for n in names
+            ]
+            run = run_playbook(playbook_path, path, during, tags)
+        stats = merged([c.stats for c in loads])
+        min_serving = min(
+            (
+                # URLs that serve the name before and after: a URL moving to another name
+                # must not count for the one it leaves.
+                sum(sample.get(u, False) for u in set(before[n]) & set(after[n]))
+                for _, sample in sampler.rotation.samples
+                for n in names
+            ),
+            default=0,
+        )
+        rerun_changed = None
+        if run.returncode == 0 and rerun:
+            second = playbook(playbook_path, "-i", str(path), *tag_args(tags))
+            assert second.returncode == 0, second.output[-4000:]
+            rerun_changed = sum(h["changed"] for h in second.recap().values())
+        row = MatrixRow(
+            change,
+            Path(playbook_path).name + (f" -t {tags}" if tags else ""),
+            run.seconds,
+            stats,
+            min_serving,
+            "passed" if run.returncode == 0 else "killed" if run.returncode < 0 else "failed",
+            rerun_changed,
+        )
+        MATRIX.append(row)
+        print(f"\n{MATRIX_HEADER}\n{row.line()}")
+        if run.returncode == 0:
+            self.inventory = target
+        return row, run
+
+
+def tag_args(tags: str) -> list[str]:
+    return ["--tags", tags] if tags else []
+
+
+def run_playbook(
+    playbook_path: str,
+    inventory: Path,
+    during: Callable[[subprocess.Popen[str]], None] | None,
+    tags: str = "",
+) -> PlaybookRun:
+    if during is None:
+        return playbook(playbook_path, "-i", str(inventory), *tag_args(tags))
+    started = time.monotonic()
+    log = ROOT / "reports" / f"change-matrix-{int(time.time())}.log"
+    log.parent.mkdir(exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            ["ansible-playbook", playbook_path, "-i", str(inventory), *tag_args(tags)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=out,
+            text=True,
+            start_new_session=True,
+        )
+        during(proc)
+        returncode = proc.wait()
+    return PlaybookRun(returncode, log.read_text(), time.monotonic() - started)
+
+
+def merged(all_stats: list[LoadStats]) -> LoadStats:
+    out = LoadStats()
+    for s in all_stats:
+        out.plain_ok += s.plain_ok
+        out.plain_failed += s.plain_failed
+        out.plain_retried += s.plain_retried
+        out.streams_ok += s.streams_ok
+        out.streams_cut += s.streams_cut
+        out.streams_refused += s.streams_refused
+        out.plain_seconds += s.plain_seconds
+        out.failures += s.failures
+    return out
+
+
+def assert_row(row: MatrixRow, run: PlaybookRun, inv: Inventory, *, rerun: bool = True) -> None:
+    assert run.returncode == 0, run.output[-6000:]
+    stats = row.stats
+    assert stats.plain_ok > 0, "the load never got an answer: it did not overlap the change"
+    assert stats.plain_failed == 0, stats.failures[:5]
+    assert stats.streams_cut == stats.streams_refused == 0, stats.failures[:5]
+    assert row.min_serving >= 1, "a served name had no engine in the router's rotation"
+    # Rows make test runs leave the idempotent rerun to the lab's second site.yml run.
+    assert row.rerun_changed == (0 if rerun else None)
+    assert_host_matches(inv)
+
+
+def assert_host_matches(inv: Inventory) -> None:
+    """Each engine host runs what its files say, holds nothing, and records the inventory."""
+    models = models_of(inv)
+    for host in ENGINES:
+        state = json.loads(in_host(host, "vllm-fleet", "engine-state").stdout)
+        assert state["pending_restart"] == [], (host, state)
+        assert state["run_holds"] == [] and state["operator_holds"] == [], (host, state)
+        wanted = {g["name"] for g in groups_of(inv, host)}
+        assert set(state["groups"]) == wanted, (host, state)
+        record = json.loads(in_host(host, "cat", "/etc/vllm-fleet/deployed.json").stdout)
+        revisions = {g["model"]: models[g["model"]]["revision"] for g in groups_of(inv, host)}
+        assert record["models"] == revisions, (host, record)
+        for group in groups_of(inv, host):
+            settings = json.loads(
+                in_host(host, "cat", f"/etc/vllm-fleet/engines/{group['name']}.json").stdout
+            )
+            assert settings["max_num_seqs"] == group["max_num_seqs"]
+            assert settings["served_name"] == models[group["model"]]["served_name"]
+
+
+@pytest.fixture(scope="module")
+def matrix(fresh_lab) -> Iterator[Matrix]:
+    assert fresh_lab.returncode == 0, fresh_lab.output[-3000:]
+    yield Matrix()
+    shutil.rmtree(ROOT / "inventories" / VARIANT, ignore_errors=True)
+
+
+# make test rolls site.yml through the interrupted-upgrade row's rerun (below).
+@pytest.mark.full
+def test_revision_and_settings_roll_through_site_yml(matrix):
+    """site.yml rolls an engine change host by host behind a drain, as upgrade.yml does.
+    After the upgrade tests (revision B, max_num_seqs 12) it goes back to the inventory's
+    revision and settings (the router's admission limit was never moved off them); on a lab
+    already there (make matrix) it changes max_model_len."""
+    at_inventory = all(engine_settings(h)["max_num_seqs"] == 16 for h in ENGINES)
+
+    def edit(inv: Inventory) -> None:
+        for host in ENGINES:
+            for group in groups_of(inv, host):
+                group["max_model_len"] = 1920 if at_inventory else group["max_model_len"]
+
+    change = "max_model_len" if at_inventory else "revision + max_num_seqs"
+    row, run = matrix.apply(change, edit)
+    assert_row(row, run, matrix.inventory)
+
+
+HALF_APPLY = """\
+# What a controller leaves when it dies after rendering a group's new settings and draining
+# it, before the restart and the release (fleet_upgrade's own order).
+- hosts: engine01
+  become: true
+  gather_facts: true
+  gather_subset: [network]
+  vars_files: [{root}/catalog/stacks.yml]
+  tasks:
+    - name: Render the new settings (the engine keeps running the old ones)
+      ansible.builtin.include_role:
+        name: vllm_engine
+        tasks_from: render.yml
+    - name: Drain the group, as the run did before it died
+      ansible.builtin.command:
+        argv: [vllm-fleet, traffic, drain, /etc/vllm-fleet/engines/g0.json,
+               --env-file=/etc/vllm-fleet/engines/g0.env, --timeout=60,
+               --reason=upgrade interrupted-by-the-change-matrix, --min-peers=1]
+      changed_when: true
+"""
+
+
+def test_a_half_applied_host_is_finished_from_its_actual_state(matrix, tmp_path):
+    """The run died on engine01 after its new settings were rendered and it was drained:
+    its files say max_model_len 1792, its engine runs the old settings, it is held. The next
+    site.yml sees no file to change, yet restarts it (files newer than its process), checks
+    it and lifts the dead run's hold; engine02, unchanged, is left alone."""
+
+    # max_model_len, not max_num_seqs: the router's admission limit follows the engines'
+    # max_num_seqs, and the lone lab router restarts when it changes (see the README).
+    def edit(inv: Inventory) -> None:
+        groups_of(inv, "engine01")[0]["max_model_len"] = 1792
+
+    half = tmp_path / "half-apply.yml"
+    half.write_text(HALF_APPLY.format(root=ROOT))
+    died = playbook(str(half), "-i", str(write_inventory(edited(matrix, edit))))
+    assert died.returncode == 0, died.output[-4000:]
+    state = json.loads(in_host("engine01", "vllm-fleet", "engine-state").stdout)
+    assert state["pending_restart"] == ["g0"] and state["run_holds"] == ["g0"], state
+    assert state["groups"]["g0"]["newer_than_process"] == ["g0.json"], state
+    untouched = engine_settings("engine02")
+    # The engine phases only (preflight runs always): the row is about the engine play's
+    # decisions; the rows of make test-all run the whole site.yml.
+    row, run = matrix.apply(
+        "half-applied host, then site.yml", edit, rerun=False, tags="engines,watchdog"
+    )
+    assert_row(row, run, matrix.inventory, rerun=False)
+    assert engine_settings("engine02") == untouched
+    report = sorted((ROOT / "reports").glob("rollout-*/report.json"))[-1]
+    hosts = json.loads(report.read_text())["hosts"]
+    assert [(h["host"], h["outcome"]) for h in hosts] == [
+        ("engine01", "upgraded"),
+        ("engine02", "unchanged"),
+    ]
+
+
+@pytest.mark.full
+def test_interrupted_upgrade_converges_on_the_next_run(matrix):
+    """The controller is SIGKILLed at a random moment of an upgrade.yml run (the seed is
+    printed); site.yml then decides from the hosts' actual state what to restart and which
+    holds to lift, and the fleet ends serving the inventory with nothing held."""
+
+    def edit(inv: Inventory) -> None:
+        for host in ENGINES:
+            for group in groups_of(inv, host):
+                group["max_model_len"] = 1664
+
+    seed = int(os.environ.get("VLLM_FLEET_MATRIX_SEED", time.time()))
+    rng = random.Random(seed)
+
+    killed: list[float] = []
+
+    def kill_mid_run(proc: subprocess.Popen[str]) -> None:
+        # Between the start of the canary's drain and the end of the second host's
+        # release: wait for the first hold to appear, then a random share of a restart.
+        wait_until(lambda: any_hold() or proc.poll() is not None, 600, "a group held")
+        delay = rng.uniform(0, 60)
+        print(f"\n[matrix] seed {seed}: SIGKILL {delay:.1f} s after the first hold")
+        time.sleep(delay)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed.append(delay)
+
+    killed_row, run = matrix.apply(
+        "controller SIGKILL mid-upgrade",
+        edit,
+        playbook_path="playbooks/upgrade.yml",
+        rerun=False,
+        during=kill_mid_run,
+    )
+    assert killed, f"seed {seed}: the run ended before the kill; {run.output[-2000:]}"
+    # Clients saw nothing of the controller's death: the drained group was out of rotation.
+    assert killed_row.stats.plain_failed == 0, killed_row.stats.failures[:5]
+    assert killed_row.stats.streams_cut == killed_row.stats.streams_refused == 0
+    assert killed_row.min_serving >= 1
+    # The rerun: site.yml on the same target converges from whatever the kill left.
+    target = json.loads(json.dumps(matrix.inventory))
+    edit(target)
+    matrix.inventory = target
+    row, rerun = matrix.apply("  then site.yml rerun", lambda inv: None)
+    assert_row(row, rerun, matrix.inventory)
+
+
+def any_hold() -> bool:
+    for host in ENGINES:
+        listing = in_host(host, "ls", "/var/lib/vllm-fleet/hold", check=False).stdout.split()
+        if listing:
+            return True
+    return False
+
+
+def test_a_change_that_would_leave_a_served_name_without_engines_is_refused(matrix):
+    """Both groups moved to a new served name at once: preflight refuses it before any host
+    changes, naming the safe sequence, and nothing on the hosts moved."""
+
+    def both(inv: Inventory) -> None:
+        models_of(inv)[SECOND] = {**models_of(inv)[MODEL], "served_name": SECOND_NAME}
+        for host in ENGINES:
+            groups_of(inv, host)[0]["model"] = SECOND
+
+    before = {host: engine_settings(host) for host in ENGINES}
+    refused = playbook("site.yml", "-i", str(write_inventory(edited(matrix, both))))
+    assert refused.returncode != 0
+    assert "served now by engine01/g0, engine02/g0" in refused.output
+    assert "no engine group serves it after this change" in refused.output
+    assert "fleet_retired_served_names: [smollm2]" in refused.output
+    assert {host: engine_settings(host) for host in ENGINES} == before
+
+
+@pytest.mark.full
+def test_max_model_len_and_watchdog_settings(matrix):
+    def model_len(inv: Inventory) -> None:
+        for host in ENGINES:
+            groups_of(inv, host)[0]["max_model_len"] = 1536
+
+    row, run = matrix.apply("max_model_len", model_len)
+    assert_row(row, run, matrix.inventory)
+
+    def watchdog(inv: Inventory) -> None:
+        fleet_of(inv)["fleet_watchdog"]["interval_seconds"] = 3
+
+    row, run = matrix.apply("watchdog settings", watchdog)
+    assert_row(row, run, matrix.inventory)
+
+
+@pytest.mark.full
+def test_an_engine_stack_version_change_and_back(matrix):
+    """cpu-vllm-0.32.0 -> 0.31.0 -> 0.32.0: each stack installs beside the other while the
+    old one serves, then the groups roll onto it (the field failure behind the cross-talk
+    check was a version upgrade). The 0.31.0 wheelhouse is built on demand (cached)."""
+    prepare = subprocess.run(
+        [sys.executable, "-m", "vllm_fleet.lab", "prepare", "--only", "wheelhouse-extra"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert prepare.returncode == 0, prepare.stdout[-2000:] + prepare.stderr[-2000:]
+    for stack in ("cpu-vllm-0.31.0", "cpu-vllm-0.32.0"):
+
+        def to(inv: Inventory, stack: str = stack) -> None:
+            fleet_of(inv)["fleet_engine_stack"] = stack
+
+        row, run = matrix.apply(f"engine stack -> {stack}", to)
+        assert_row(row, run, matrix.inventory)
+        for host in ENGINES:
+            assert engine_settings(host)["stack"] == stack
+            version = in_host(host, f"/opt/vllm-fleet/stacks/{stack}/bin/vllm", "--version")
+            assert stack.rsplit("-", 1)[1] in version.stdout
+
+
+@pytest.mark.full
+def test_a_change_that_fails_its_verification_is_rolled_back(matrix):
+    """max_model_len 64 starts (the watchdog's 1-token probe fits) but fails the canary's
+    direct verification (the cross-talk prompts do not fit): the canary goes back to its
+    previous settings, the run stops before the second host, and nothing was dropped."""
+    before = {host: engine_settings(host) for host in ENGINES}
+
+    def too_short(inv: Inventory) -> None:
+        for host in ENGINES:
+            groups_of(inv, host)[0]["max_model_len"] = 64
+
+    row, run = matrix.apply(
+        "rollback after failed verify", too_short, playbook_path="playbooks/upgrade.yml"
+    )
+    assert run.returncode != 0
+    assert row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.stats.streams_cut == row.stats.streams_refused == 0
+    assert row.min_serving >= 1
+    reports = sorted((ROOT / "reports").glob("upgrade-*/report.json"))
+    hosts = json.loads(reports[-1].read_text())["hosts"]
+    assert [(h["host"], h["outcome"], h["step"]) for h in hosts] == [
+        ("engine01", "rolled back", "verify")
+    ]
+    assert {host: engine_settings(host) for host in ENGINES} == before
+    assert_host_matches(matrix.inventory)
+
+
+def edited(matrix: Matrix, edit: Callable[[Inventory], None]) -> Inventory:
+    target = json.loads(json.dumps(matrix.inventory))
+    edit(target)
+    return target
