@@ -2,41 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.fixtures.ascend import NPU_SMI_SAMPLE
+from vllm_fleet.ansible import ascend_stack as af
+
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "ascend_filters", REPO / "roles/ascend_stack/filter_plugins/ascend_filters.py"
-)
-assert _spec and _spec.loader
-af = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(af)
 
 # npu-smi info's documented table (two rows per device), one device unhealthy.
-NPU_SMI_INFO = """\
-+------------------------------------------------------------------------------------------------+
-| npu-smi 24.1.rc2                 Version: 24.1.rc2                                             |
-+---------------------------+---------------+----------------------------------------------------+
-| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
-| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
-+===========================+===============+====================================================+
-| 0     910B3               | OK            | 93.6        40                0    / 0             |
-| 0                         | 0000:C1:00.0  | 0           0    / 0          3161 / 65536         |
-+===========================+===============+====================================================+
-| 1     910B3               | Warning       | 90.1        41                0    / 0             |
-| 0                         | 0000:C2:00.0  | 0           0    / 0          3160 / 65536         |
-+===========================+===============+====================================================+
-+---------------------------+---------------+----------------------------------------------------+
-| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |
-+===========================+===============+====================================================+
-| No running processes found in NPU 0                                                            |
-+===========================+===============+====================================================+
-"""
+NPU_SMI_INFO = NPU_SMI_SAMPLE.read_text()
 
 SHA = "a" * 64
 

@@ -7,7 +7,6 @@ Only what runs without installing is exercised here (installing writes /usr/loca
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import subprocess
 from pathlib import Path
@@ -15,14 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.ascend import build
+from vllm_fleet.ansible import ascend_stack as af
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "ascend_filters", REPO / "roles/ascend_stack/filter_plugins/ascend_filters.py"
-)
-assert _spec and _spec.loader
-af = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(af)
 
 VERSIONS = {
     "driver": "25.2.0",

@@ -1,20 +1,16 @@
-"""The cuda_stack role's filters (loaded from the role, as Ansible loads them)."""
+"""The cuda_stack role's filters (vllm_fleet.ansible.cuda_stack)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from vllm_fleet.ansible import cuda_stack as f
+
 ROOT = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location(
-    "cuda_stack_filters", ROOT / "roles/cuda_stack/filter_plugins/cuda_stack_filters.py"
-)
-assert _SPEC and _SPEC.loader
-f = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(f)
+
 
 STACK = {"accelerator": "cuda", "requires": {"cuda": "13.0", "cuda_driver_min": 580}}
 NAMES = {

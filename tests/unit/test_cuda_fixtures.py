@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from vllm_fleet.ansible import cuda_stack as filters
+
 ROOT = Path(__file__).resolve().parents[2]
 _BUILD = importlib.util.spec_from_file_location(
     "build_repo", ROOT / "tests/fixtures/cuda/build_repo.py"
@@ -18,12 +20,6 @@ assert _BUILD and _BUILD.loader
 build_repo = importlib.util.module_from_spec(_BUILD)
 sys.modules["build_repo"] = build_repo  # dataclasses look their module up there
 _BUILD.loader.exec_module(build_repo)
-_SPEC = importlib.util.spec_from_file_location(
-    "cuda_stack_filters", ROOT / "roles/cuda_stack/filter_plugins/cuda_stack_filters.py"
-)
-assert _SPEC and _SPEC.loader
-filters = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(filters)
 
 QUERY = "--query-gpu=" + ",".join(filters.SMI_FIELDS)
 

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from vllm_fleet.ansible import engine_runtime as filters
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "engine_runtime_filters", ROOT / "roles/engine_runtime/filter_plugins/engine_runtime_filters.py"
-)
-assert _spec is not None and _spec.loader is not None
-filters = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(filters)
 
 
 def test_wheelhouse_means_no_index_at_all():

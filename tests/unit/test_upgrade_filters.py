@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from vllm_fleet.ansible import fleet_upgrade as filters
+
 ROOT = Path(__file__).resolve().parents[2]
-_SPEC = importlib.util.spec_from_file_location(
-    "upgrade_filters", ROOT / "roles/fleet_upgrade/filter_plugins/upgrade_filters.py"
-)
-assert _SPEC and _SPEC.loader
-filters = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(filters)
 
 
 def test_config_groups_are_the_settings_files_stems():

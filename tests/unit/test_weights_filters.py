@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
+from vllm_fleet.ansible import model_weights as filters
+
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location(
-    "weights_filters", ROOT / "roles/model_weights/filter_plugins/weights_filters.py"
-)
-assert _spec is not None and _spec.loader is not None
-filters = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(filters)
 
 CATALOG = {
     "mir": {"source": "mirror", "url": "http://m/models/mir", "revision": "b" * 64},

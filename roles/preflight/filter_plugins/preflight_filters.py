@@ -1,19 +1,10 @@
-"""Filters the preflight role needs to read an inventory that may be malformed."""
+"""The preflight role's filters; their code and tests are vllm_fleet.ansible.preflight."""
 
 from __future__ import annotations
 
-
-def preflight_group_models(groups: object) -> list[str]:
-    """Model names of the engine groups; [] for anything that is not a list of mappings.
-
-    Preflight must reach its checks (and report the bad shape) instead of failing in Jinja.
-    """
-    if not isinstance(groups, list):
-        return []
-    names = [g.get("model") for g in groups if isinstance(g, dict)]
-    return sorted({n for n in names if isinstance(n, str)})
+from vllm_fleet.ansible.preflight import FILTERS
 
 
 class FilterModule:
     def filters(self) -> dict[str, object]:
-        return {"preflight_group_models": preflight_group_models}
+        return dict(FILTERS)

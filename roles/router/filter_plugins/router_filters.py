@@ -1,30 +1,10 @@
-"""Filters of the router role."""
+"""The router role's filters; their code and tests are vllm_fleet.ansible.router."""
 
 from __future__ import annotations
 
-import ipaddress
-
-from ansible.errors import AnsibleFilterError
-
-
-def address_scope(address: str) -> str:
-    """'loopback', 'private' or 'public': who can reach a socket bound to this address.
-
-    A wildcard bind (0.0.0.0, ::) listens on every interface, so it counts as public.
-    """
-    try:
-        ip = ipaddress.ip_address(str(address))
-    except ValueError as err:
-        raise AnsibleFilterError(f"{address!r} is not an IP address: {err}") from err
-    if ip.is_unspecified:
-        return "public"
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_private or ip.is_link_local:
-        return "private"
-    return "public"
+from vllm_fleet.ansible.router import FILTERS
 
 
 class FilterModule:
     def filters(self) -> dict[str, object]:
-        return {"address_scope": address_scope}
+        return dict(FILTERS)

@@ -1,30 +1,10 @@
-"""Filters of the vllm_engine role."""
+"""The vllm_engine role's filters; their code and tests are vllm_fleet.ansible.vllm_engine."""
 
 from __future__ import annotations
 
-from vllm_fleet.rollout import restart_plan
-
-
-def router_targets(hosts: list[str], impl: str, port: int | str) -> list[dict[str, str]]:
-    """The routers an engine group joins: one {impl, url} per router host."""
-    return [{"impl": str(impl), "url": f"http://{host}:{int(port)}"} for host in hosts]
-
-
-def router_engine_args(router: dict[str, object]) -> list[str]:
-    """Engine flags the chosen router needs.
-
-    vllm-router's cache_aware policy renders prompts through the engines' /v1/*/render
-    endpoints, which vLLM refuses (403) unless it runs with --enable-scale-out.
-    """
-    impl = router.get("impl", "sglang")
-    policy = router.get("policy", "cache_aware")
-    return ["--enable-scale-out"] if impl == "vllm" and policy == "cache_aware" else []
+from vllm_fleet.ansible.vllm_engine import FILTERS
 
 
 class FilterModule:
     def filters(self) -> dict[str, object]:
-        return {
-            "router_targets": router_targets,
-            "router_engine_args": router_engine_args,
-            "engine_restart_plan": restart_plan,
-        }
+        return dict(FILTERS)

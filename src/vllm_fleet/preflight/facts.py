@@ -7,9 +7,10 @@ unexpected probe output: each becomes a FactProblem that preflight reports with 
 
 from __future__ import annotations
 
+import csv
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -226,46 +227,96 @@ def read_model_info(model_info: object, facts: HostFacts) -> dict[str, dict[str,
 
 # nvidia-smi's memory.total in MiB (a value like [N/A] is not one).
 _NUMBER = re.compile(r"[0-9]{1,12}(\.[0-9]+)?")
+# The fields preflight's probe asks for (roles/preflight/tasks), in its order.
+PREFLIGHT_SMI_FIELDS = ("index", "memory.total", "driver_version")
 
 
-def parse_nvidia_smi(csv: str) -> tuple[list[Device], str]:
-    """`nvidia-smi --query-gpu=index,memory.total,driver_version --format=csv,noheader,nounits`."""
-    devices, driver = [], ""
-    for line in csv.strip().splitlines():
-        parts = [part.strip() for part in line.split(",")]
-        if len(parts) != 3 or not parts[0].isdecimal() or not _NUMBER.fullmatch(parts[1]):
+def read_nvidia_smi(stdout: str, fields: Sequence[str]) -> list[dict[str, str]]:
+    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits``: a mapping per GPU.
+
+    The one parser of that output (preflight's probe and the cuda_stack role both use it).
+    A non-empty line without one value per field, or whose ``index`` or ``memory.total`` is
+    not a number, raises UnreadableOutput with that line: never a silently shorter list.
+    """
+    gpus: list[dict[str, str]] = []
+    for line in str(stdout).splitlines():
+        if not line.strip():
+            continue
+        row = next(csv.reader([line], skipinitialspace=True), [])
+        cells = [cell.strip() for cell in row]
+        if len(cells) != len(fields):
             raise UnreadableOutput(line)
-        index, memory_mib, driver = parts
-        devices.append(Device(index=int(index), memory_bytes=int(float(memory_mib)) * MIB))
-    return devices, driver
+        gpu = dict(zip(fields, cells, strict=True))
+        if "index" in gpu and not gpu["index"].isdecimal():
+            raise UnreadableOutput(line)
+        if "memory.total" in gpu and not _NUMBER.fullmatch(gpu["memory.total"]):
+            raise UnreadableOutput(line)
+        gpus.append(gpu)
+    return gpus
 
 
+def parse_nvidia_smi(stdout: str) -> tuple[list[Device], str]:
+    """Preflight's probe (PREFLIGHT_SMI_FIELDS): devices with their memory, and the driver."""
+    gpus = read_nvidia_smi(stdout, PREFLIGHT_SMI_FIELDS)
+    devices = [
+        Device(index=int(gpu["index"]), memory_bytes=int(float(gpu["memory.total"])) * MIB)
+        for gpu in gpus
+    ]
+    return devices, gpus[-1]["driver_version"] if gpus else ""
+
+
+@dataclass(frozen=True)
+class NpuRow:
+    """One device of ``npu-smi info``: its two table rows read together."""
+
+    index: int
+    name: str
+    health: str
+    hbm_used_mb: int
+    hbm_total_mb: int
+
+    @property
+    def healthy(self) -> bool:
+        return self.health == "OK"
+
+
+# Huawei's documented table, two rows per device:
 # `| 0     910B3     | OK    | 93.6  40  0 / 0 |` then `| 0 | 0000:C1:00.0 | 0 0 / 0  3161 / 65536 |`
-_NPU_HEAD = re.compile(r"^\|\s*(\d+)\s+\S+\s*\|\s*(\w+)\s*\|")
-_NPU_HBM = re.compile(r"(\d+)\s*/\s*(\d{1,12})\s*\|\s*$")
+_NPU_HEAD = re.compile(r"^\|\s*(\d+)\s+(\S+)\s*\|\s*([A-Za-z]+)\s*\|")
+_NPU_HBM = re.compile(r"^\|\s*\d+\s*\|\s*[0-9A-Fa-f:.]+\s*\|.*?(\d+)\s*/\s*(\d{1,12})\s*\|\s*$")
+
+
+def read_npu_smi(text: str) -> list[NpuRow]:
+    """``npu-smi info``: the one parser of it (preflight's probe and the ascend_stack role).
+
+    A device is its head row (index, name, Health) followed by its chip row (bus id, HBM used /
+    total in MB); a head row without its chip row is no device.
+    """
+    rows: list[NpuRow] = []
+    pending: tuple[int, str, str] | None = None
+    for line in str(text or "").splitlines():
+        head = _NPU_HEAD.match(line)
+        if head and pending is None:
+            pending = (int(head.group(1)), head.group(2), head.group(3))
+            continue
+        if pending is not None:
+            hbm = _NPU_HBM.match(line)
+            if hbm:
+                rows.append(NpuRow(*pending, int(hbm.group(1)), int(hbm.group(2))))
+                pending = None
+    return rows
 
 
 def parse_npu_smi(text: str) -> list[Device]:
-    """`npu-smi info`: two table rows per device; Health column and HBM used / total (MB)."""
-    devices: list[Device] = []
-    pending: tuple[int, bool] | None = None
-    for line in text.splitlines():
-        head = _NPU_HEAD.match(line)
-        if head and pending is None:
-            pending = (int(head.group(1)), head.group(2) == "OK")
-            continue
-        if pending is not None:
-            hbm = _NPU_HBM.search(line)
-            if hbm:
-                devices.append(Device(pending[0], int(hbm.group(2)) * MIB, pending[1]))
-                pending = None
-    return devices
+    """Preflight's view of ``npu-smi info``: index, HBM total and health per device."""
+    return [Device(row.index, row.hbm_total_mb * MIB, row.healthy) for row in read_npu_smi(text)]
 
 
 def parse_version_info(text: str) -> str:
-    """The first ``version=`` line of an Ascend version.info / install.info file."""
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        if key.strip().lower() == "version":
+    """The first ``version=`` (any case) line of an Ascend version.info / install.info file;
+    '' if none. The one parser of those files (preflight and the ascend_stack role)."""
+    for line in str(text or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip().lower() == "version":
             return value.strip()
     return ""

@@ -43,6 +43,7 @@ from pydantic import ValidationError
 
 from tests.unit.preflight.bases import BASES, base
 from tests.unit.preflight.test_facts import NPU_SMI_INFO as NPU_SMI
+from vllm_fleet.ansible import model_weights as WEIGHTS
 from vllm_fleet.engine_config import EngineConfig
 from vllm_fleet.kv_planner import DTYPE_BYTES
 from vllm_fleet.preflight import Finding, PreflightResult, validate
@@ -66,7 +67,6 @@ def load(name: str, path: str) -> ModuleType:
 
 
 PLUGIN = load("vllm_fleet_preflight", "roles/preflight/action_plugins/vllm_fleet_preflight.py")
-WEIGHTS = load("weights_filters", "roles/model_weights/filter_plugins/weights_filters.py")
 CATALOG = yaml.safe_load((ROOT / "catalog/stacks.yml").read_text())["fleet_stacks"]
 KNOWN: set[str] = PLUGIN.known_variables()
 GROUP_KEYS = GROUP_REQUIRED + GROUP_OPTIONAL

@@ -1,0 +1,28 @@
+"""Filters of the vllm_engine role."""
+
+from __future__ import annotations
+
+from vllm_fleet.rollout import restart_plan
+
+
+def router_targets(hosts: list[str], impl: str, port: int | str) -> list[dict[str, str]]:
+    """The routers an engine group joins: one {impl, url} per router host."""
+    return [{"impl": str(impl), "url": f"http://{host}:{int(port)}"} for host in hosts]
+
+
+def router_engine_args(router: dict[str, object]) -> list[str]:
+    """Engine flags the chosen router needs.
+
+    vllm-router's cache_aware policy renders prompts through the engines' /v1/*/render
+    endpoints, which vLLM refuses (403) unless it runs with --enable-scale-out.
+    """
+    impl = router.get("impl", "sglang")
+    policy = router.get("policy", "cache_aware")
+    return ["--enable-scale-out"] if impl == "vllm" and policy == "cache_aware" else []
+
+
+FILTERS = {
+    "vllm_engine_router_targets": router_targets,
+    "vllm_engine_router_args": router_engine_args,
+    "vllm_engine_restart_plan": restart_plan,
+}
