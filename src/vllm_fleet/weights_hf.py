@@ -26,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from vllm_fleet.hashing import BLOCK_SIZE
 from vllm_fleet.manifest import Manifest, ManifestFile
+from vllm_fleet.model_pins import revision_problem
 from vllm_fleet.weights import (
     MANIFEST_NAME,
     STAMP_NAME,
@@ -36,7 +37,6 @@ from vllm_fleet.weights import (
     remove_tree,
 )
 
-COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 DEFAULT_ENDPOINT = "https://huggingface.co"
 # huggingface_hub keeps per-file download metadata and locks under <local_dir>/.cache/huggingface;
 # it is the client's bookkeeping, not part of the model, and is removed before install.
@@ -93,11 +93,9 @@ def mismatch(expected: Expected, got: Digests) -> str | None:
 
 def check_revision(name: str, revision: str) -> None:
     """Only a full commit sha pins bytes; a branch or tag can move under the fleet."""
-    if not COMMIT_RE.fullmatch(revision):
-        raise WeightsError(
-            f"fleet_models.{name}.revision={revision} is not a 40-hex commit; "
-            "pin the commit sha from the Hub (the full id in the repo's history, lowercase)"
-        )
+    problem = revision_problem(name, "hf", revision)
+    if problem:
+        raise WeightsError(problem)
 
 
 def public_url(url: str) -> str:

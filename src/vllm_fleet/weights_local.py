@@ -19,7 +19,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,9 +28,9 @@ from pydantic import ValidationError
 
 from vllm_fleet.hashing import BLOCK_SIZE
 from vllm_fleet.manifest import Manifest, ManifestFile
+from vllm_fleet.model_pins import revision_problem
 from vllm_fleet.weights import DiskFullError, Progress, RevisionFetch, WeightsError, tree_entries
 
-REVISION_RE = re.compile(r"[0-9a-f]{64}")
 STAGED_MANIFEST = "manifest.json"
 
 
@@ -66,12 +65,9 @@ class LocalFetch(RevisionFetch):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.path = Path(self.path)
-        if not REVISION_RE.fullmatch(self.revision):
-            raise WeightsError(
-                f"fleet_models.{self.name}.revision={self.revision} is not a 64-hex manifest id; "
-                "pin the revision vllm-fleet publish printed for this model (the sha256 of its "
-                "manifest)"
-            )
+        problem = revision_problem(self.name, "local", self.revision)
+        if problem:
+            raise WeightsError(problem)
 
     @property
     def manifest_path(self) -> Path:

@@ -47,6 +47,7 @@ import httpx
 
 from vllm_fleet.hashing import BLOCK_SIZE
 from vllm_fleet.manifest import Manifest, ManifestFile
+from vllm_fleet.model_pins import is_commit, revision_problem
 from vllm_fleet.weights import (
     MANIFEST_NAME,
     STAMP_NAME,
@@ -57,7 +58,6 @@ from vllm_fleet.weights import (
 )
 from vllm_fleet.weights_hf import public_url
 
-COMMIT_RE = re.compile(r"[0-9a-f]{40}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 DEFAULT_ENDPOINT = "https://www.modelscope.cn"
 DOMAIN_ENV = "MODELSCOPE_DOMAIN"
@@ -81,12 +81,9 @@ class Listed:
 
 def check_revision(name: str, revision: str) -> None:
     """Only a full commit id pins bytes; a branch or tag can move under the fleet."""
-    if not COMMIT_RE.fullmatch(revision):
-        raise WeightsError(
-            f"fleet_models.{name}.revision={revision} is not a 40-hex commit id; "
-            "pin the full commit id from the ModelScope repo's history (lowercase), "
-            "not a branch or tag"
-        )
+    problem = revision_problem(name, "modelscope", revision)
+    if problem:
+        raise WeightsError(problem)
 
 
 def default_endpoint() -> str:
@@ -237,7 +234,7 @@ class ModelScopeFetch(RevisionFetch):
                 f"model {self.name}: {self.where}: the file list gives no usable Size and Sha256 "
                 f"for {path}, so it cannot be verified; use an endpoint that serves them"
             )
-        if not COMMIT_RE.fullmatch(str(commit or "")):
+        if not is_commit(commit):
             raise WeightsError(
                 f"model {self.name}: {self.where}: the file list names revision {commit!r} for "
                 f"{path}, not a commit id; it is not the pinned commit's tree: "

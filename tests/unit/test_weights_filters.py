@@ -83,7 +83,7 @@ def test_each_problem_names_the_key_the_value_and_the_fix():
     }
     assert filters.spec_problems("a", catalog) == [
         "fleet_models.a.revision='v1' is not pinned for source=mirror: pin the 64-hex sha256 "
-        "of the mirror's manifest.json",
+        "of the mirror's manifest.json (vllm-fleet weights publish prints it)",
         "fleet_models.a.url is required for source=mirror",
     ]
     assert "pin a 40-hex commit id" in filters.spec_problems("b", catalog)[0]
@@ -93,3 +93,17 @@ def test_each_problem_names_the_key_the_value_and_the_fix():
     ]
     assert "fleet_models.d is missing" in filters.spec_problems("d", catalog)[0]
     assert "fleet_models.zz is missing" in filters.spec_problems("zz", catalog)[0]
+
+
+def test_the_role_agrees_with_preflight_on_odd_values():
+    """What the fuzz found: a revision with a trailing newline passed the role's `^...$`, and an
+    unhashable source raised TypeError instead of naming the value."""
+    newline = {"a": {"source": "mirror", "url": "http://m/a", "revision": "a" * 64 + "\n"}}
+    assert filters.spec_problems("a", newline)[0].startswith(
+        "fleet_models.a.revision='" + "a" * 64 + "\\n' is not pinned for source=mirror"
+    )
+    unhashable = {"a": {"source": ["hf"], "repo": "o/r", "revision": "a" * 40}}
+    assert filters.spec_problems("a", unhashable) == [
+        "fleet_models.a.source=['hf'] is not a source this role fetches; "
+        "use one of mirror, local, hf, modelscope"
+    ]

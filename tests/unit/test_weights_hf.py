@@ -188,14 +188,16 @@ def test_file_listed_but_missing_is_named(hub, tmp_path):
     assert listing(tmp_path) == []
 
 
-@pytest.mark.parametrize("revision", ["main", "v1.0", "abc1234", "A" * 40, "a" * 41])
+@pytest.mark.parametrize(
+    "revision", ["main", "v1.0", "abc1234", "A" * 40, "a" * 41, "a" * 40 + "\n"]
+)
 def test_revision_that_is_not_a_full_commit_is_refused_before_any_request(hub, tmp_path, revision):
     commit(hub)
     with pytest.raises(WeightsError) as err:
         fetch(hub, tmp_path, revision).run()
     assert str(err.value).startswith(
-        f"fleet_models.tiny.revision={revision} is not a 40-hex commit; "
-        "pin the commit sha from the Hub"
+        f"fleet_models.tiny.revision={revision!r} is not pinned for source=hf: "
+        "pin a 40-hex commit sha (the full id in the Hub repo's history"
     )
     assert hub.requests == []
     assert not (tmp_path / "srv").exists()

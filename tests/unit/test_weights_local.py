@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import stat
 
@@ -225,7 +226,10 @@ def test_listed_file_that_is_a_link_is_refused(tmp_path, installed):
 @pytest.mark.parametrize("revision", ["main", "a" * 40, "A" * 64, "a" * 65])
 def test_revision_that_is_not_a_manifest_id_is_refused(tmp_path, media, revision):
     root, old, _ = media
-    with pytest.raises(WeightsError, match=f"revision={revision} is not a 64-hex manifest id"):
+    with pytest.raises(
+        WeightsError,
+        match=re.escape(f"revision={revision!r} is not pinned for source=local: pin the 64-hex"),
+    ):
         fetch(tmp_path, root / old, revision)
     assert not (tmp_path / "srv").exists()
 

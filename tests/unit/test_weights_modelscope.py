@@ -217,7 +217,8 @@ def test_revision_that_is_not_a_full_commit_is_refused_before_any_request(ms, tm
     with pytest.raises(WeightsError) as err:
         fetch(ms, tmp_path, revision).run()
     assert str(err.value).startswith(
-        f"fleet_models.tiny.revision={revision} is not a 40-hex commit id; pin the full commit id"
+        f"fleet_models.tiny.revision={revision!r} is not pinned for source=modelscope: "
+        "pin a 40-hex commit id (the full id in the ModelScope repo's history"
     )
     assert ms.requests == []
     assert not (tmp_path / "srv").exists()

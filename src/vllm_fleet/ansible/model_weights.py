@@ -7,18 +7,10 @@ sentence naming the model, the key, the value and the fix.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-PINS = {
-    "mirror": (re.compile(r"^[0-9a-f]{64}$"), "the 64-hex sha256 of the mirror's manifest.json"),
-    "local": (re.compile(r"^[0-9a-f]{64}$"), "the 64-hex sha256 of the staged manifest.json"),
-    "hf": (re.compile(r"^[0-9a-f]{40}$"), "a 40-hex commit sha (a branch or tag can move)"),
-    "modelscope": (re.compile(r"^[0-9a-f]{40}$"), "a 40-hex commit id (a branch or tag can move)"),
-}
-REQUIRED = {"mirror": ("url",), "local": ("path",), "hf": ("repo",), "modelscope": ("repo",)}
-# Sources fetched from outside the fleet: once, on the cache host, when there is one.
-UPSTREAM = ("hf", "modelscope")
+from vllm_fleet.model_pins import REQUIRED, SOURCES, UPSTREAM, is_source, revision_problem
+
 PATTERN_KEYS = ("allow_patterns", "ignore_patterns")
 
 
@@ -28,22 +20,18 @@ def spec_problems(name: str, catalog: dict[str, Any]) -> list[str]:
     if not isinstance(spec, dict):
         return [f"fleet_models.{name} is missing: add it with source, revision and served_name"]
     source = spec.get("source")
-    if source not in PINS:
+    if not is_source(source):
         return [
             f"fleet_models.{name}.source={source!r} is not a source this role fetches; "
-            f"use one of {', '.join(PINS)}"
+            f"use one of {', '.join(SOURCES)}"
         ]
     problems = []
-    pattern, pin = PINS[source]
-    revision = str(spec.get("revision", ""))
-    if not pattern.match(revision):
-        problems.append(
-            f"fleet_models.{name}.revision={spec.get('revision')!r} is not pinned for "
-            f"source={source}: pin {pin}"
-        )
-    for key in REQUIRED[source]:
-        if not spec.get(key):
-            problems.append(f"fleet_models.{name}.{key} is required for source={source}")
+    pinned = revision_problem(name, str(source), spec.get("revision"))
+    if pinned:
+        problems.append(pinned)
+    key = REQUIRED[str(source)]
+    if not spec.get(key):
+        problems.append(f"fleet_models.{name}.{key} is required for source={source}")
     for key in PATTERN_KEYS:
         value = spec.get(key)
         if value is not None and not (

@@ -17,11 +17,12 @@ from vllm_fleet.kv_planner import (
     plan,
     request_kv_bytes,
 )
+from vllm_fleet.model_pins import PINS, REQUIRED, SOURCES, is_pinned
 from vllm_fleet.names import SAFE_NAME, SAFE_NAME_RULE
 from vllm_fleet.preflight.facts import INT64_MAX, HostFacts
 
 ACCELERATORS = ("cpu", "cuda", "ascend")
-MODEL_SOURCES = ("mirror", "hf", "modelscope", "local")
+MODEL_SOURCES = SOURCES
 # Settings of one engine group: the vllm_engine role's argument spec (a test keeps them equal).
 GROUP_REQUIRED = ("name", "model", "devices", "port", "max_model_len", "max_num_seqs")
 GROUP_OPTIONAL = (
@@ -43,20 +44,8 @@ MODEL_KEYS = (
     "weight_bytes",
     "ttft_p99_threshold_seconds",
 )
-PINNED = {
-    "mirror": re.compile(r"[0-9a-f]{64}"),
-    "local": re.compile(r"[0-9a-f]{64}"),
-    "hf": re.compile(r"[0-9a-f]{40}"),
-    "modelscope": re.compile(r"[0-9a-f]{40}"),
-}
-PIN_FIX = {
-    "mirror": "pin the 64-hex sha256 of the mirror's manifest.json (vllm-fleet weights publish prints it)",
-    "local": "pin the 64-hex sha256 of the staged manifest.json (vllm-fleet weights publish prints it)",
-    "hf": "pin a 40-hex commit sha (a branch or tag can move under you)",
-    "modelscope": "pin a 40-hex commit id (a branch or tag can move under you)",
-}
-# Required per source (the model_weights role's own rule), and the other string settings.
-SOURCE_REQUIRES = {"mirror": "url", "local": "path", "hf": "repo", "modelscope": "repo"}
+# The other string settings of a model (the pin and the setting each source requires are
+# vllm_fleet.model_pins', shared with the model_weights role and the fetches).
 MODEL_STRINGS = ("url", "repo", "endpoint", "path", "manifest")
 GROUP_NAME = SAFE_NAME
 GIB = 1024**3
@@ -594,9 +583,8 @@ class HostChecker:
             )
             return None
         revision = model.get("revision")
-        pattern = PINNED[str(source)]
-        if not (isinstance(revision, str) and pattern.fullmatch(revision)):
-            self.error(f"{where}.revision", revision, "not pinned", PIN_FIX[str(source)])
+        if not is_pinned(str(source), revision):
+            self.error(f"{where}.revision", revision, "not pinned", PINS[str(source)].fix())
         served = model.get("served_name")
         if not served or not isinstance(served, str):
             self.error(
@@ -611,7 +599,7 @@ class HostChecker:
     def check_model_settings(self, where: str, model: dict[str, object], source: str) -> bool:
         """Types of the other model settings, as model_weights, monitoring and the plan read them."""
         problems: list[tuple[str, str]] = []
-        needed = SOURCE_REQUIRES[source]
+        needed = REQUIRED[source]
         if not model.get(needed):
             self.error(
                 f"{where}.{needed}",
