@@ -218,7 +218,7 @@ def test_a_bad_inventory_is_refused_before_any_host_changes(fresh_lab):
     )
     assert run.returncode != 0
     assert (
-        "fleet_engine_stak='cpu-vllm-0.32.0': unknown variable did you mean 'fleet_engine_stack'?"
+        "fleet_engine_stak='<not shown>': unknown variable did you mean 'fleet_engine_stack'?"
         in run.output
     )
     assert "Engine hosts - accelerator stack, runtime" not in run.output
