@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT as REPO
+
 ALERTS = REPO / "roles/monitoring/files/vllm-fleet-alerts.rules.yml"
 FIXTURES = REPO / "tests/fixtures/alerts"
 INVENTORY = FIXTURES / "inventory.rules.yml"

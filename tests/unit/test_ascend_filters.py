@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.fixtures.ascend import NPU_SMI_SAMPLE
+from tests.support.paths import ROOT as REPO
 from vllm_fleet.ansible import ascend_stack as af
-
-REPO = Path(__file__).resolve().parents[2]
 
 # npu-smi info's documented table (two rows per device), one device unhealthy.
 NPU_SMI_INFO = NPU_SMI_SAMPLE.read_text()

@@ -16,8 +16,6 @@ import pytest
 from tests.fixtures.ascend import build
 from vllm_fleet.ansible import ascend_stack as af
 
-REPO = Path(__file__).resolve().parents[2]
-
 VERSIONS = {
     "driver": "25.2.0",
     "firmware": "7.5.0.1.129",

@@ -7,10 +7,8 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
+from tests.support.paths import ROOT
 from vllm_fleet.ansible import cuda_stack as f
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 STACK = {"accelerator": "cuda", "requires": {"cuda": "13.0", "cuda_driver_min": 580}}
 NAMES = {

@@ -10,9 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.paths import ROOT
 from vllm_fleet.ansible import cuda_stack as filters
 
-ROOT = Path(__file__).resolve().parents[2]
 _BUILD = importlib.util.spec_from_file_location(
     "build_repo", ROOT / "tests/fixtures/cuda/build_repo.py"
 )

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from vllm_fleet.deploy_lock import playbooks_of, start_ticks
 
-ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 DEADLINE = 30.0
 

@@ -5,16 +5,14 @@ and moves applied_at only when what is deployed changed."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-RECAP = re.compile(r"changed=(\d+)")
+from tests.support.paths import ROOT
+from tests.support.playbook import changed_count, role_play, run_play
 
 
 def run_role(tmp_path: Path, revision: str, *args: str) -> tuple[int, int, str]:
@@ -30,28 +28,9 @@ def run_role(tmp_path: Path, revision: str, *args: str) -> tuple[int, int, str]:
         "deploy_record_bundle_dir": str(ROOT),
     }
     (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
-    play = [
-        {
-            "name": "Record",
-            "hosts": "engine01",
-            "gather_facts": False,
-            "vars_files": [str(tmp_path / "vars.yml")],
-            "roles": [{"role": "deploy_record"}],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i", "engine01,", "-c", "local",
-            "-e", f"ansible_python_interpreter={sys.executable}",
-            str(tmp_path / "play.yml"), *args,
-        ],
-        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
-    )  # fmt: skip
-    changed = [int(n) for n in RECAP.findall(proc.stdout)]
-    return proc.returncode, changed[-1] if changed else -1, proc.stdout
+    play = role_play("Record", "deploy_record", "engine01", tmp_path / "vars.yml")
+    proc = run_play(tmp_path, play, *args)
+    return proc.returncode, changed_count(proc.stdout), proc.stdout
 
 
 def test_record_is_written_once_and_moves_only_with_the_deployment(tmp_path):

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from vllm_fleet.ansible import engine_runtime as filters
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_wheelhouse_means_no_index_at_all():

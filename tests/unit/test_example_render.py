@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import ROOT
 from vllm_fleet.engine_config import EngineConfig, engine_argv, engine_env
 
-ROOT = Path(__file__).resolve().parents[2]
 PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 API_KEY = "test-api-key-never-in-a-unit"
 CONTROL_KEY = "test-control-key"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from vllm_fleet.gitops import SITE, UPGRADE, apply
 
-ROOT = Path(__file__).resolve().parents[2]
 INVENTORY = "inventories/lab"
 
 

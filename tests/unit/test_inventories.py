@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from tests.unit.test_weights_filters import filters as weights_filters
 
-ROOT = Path(__file__).resolve().parents[2]
 SPEC = yaml.safe_load((ROOT / "roles/vllm_engine/meta/argument_specs.yml").read_text())
 GROUP_OPTIONS = SPEC["argument_specs"]["main"]["options"]["vllm_engine_groups"]["options"]
 REQUIRED = {name for name, opt in GROUP_OPTIONS.items() if opt.get("required")}

@@ -7,11 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from vllm_fleet.lab import __main__ as lab
 from vllm_fleet.lab import promtool, steps
 from vllm_fleet.lab.paths import LabPaths
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -20,9 +18,8 @@ import pytest
 import yaml
 
 from tests.fixtures.hub_server import FakeHub
+from tests.support.playbook import changed_count, role_play, run_play
 
-ROOT = Path(__file__).resolve().parents[2]
-RECAP = re.compile(r"changed=(\d+)")
 TOKEN = "hf_roleSecret0123456789abcdefXYZ"
 REPO = "org/role-model"
 
@@ -85,29 +82,11 @@ def run_role(
         **overrides,
     }
     (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
-    play = [
-        {
-            "name": "Weights",
-            "hosts": "engine01",
-            "gather_facts": False,
-            "vars_files": [str(tmp_path / "vars.yml")],
-            "roles": [{"role": "model_weights"}],
-        }
-    ]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
+    env = dict(os.environ)
     env.pop("HF_TOKEN", None)
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i", "engine01,", "-c", "local",
-            "-e", f"ansible_python_interpreter={sys.executable}",
-            str(tmp_path / "play.yml"), *args,
-        ],
-        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
-    )  # fmt: skip
-    changed = [int(n) for n in RECAP.findall(proc.stdout)]
-    return proc.returncode, changed[-1] if changed else -1, proc.stdout + proc.stderr
+    play = role_play("Weights", "model_weights", "engine01", tmp_path / "vars.yml")
+    proc = run_play(tmp_path, play, *args, env=env)
+    return proc.returncode, changed_count(proc.stdout), proc.stdout + proc.stderr
 
 
 def test_hf_model_with_a_vault_token_installs_and_the_token_never_shows(hub, tmp_path):

@@ -8,7 +8,6 @@ validation with bad settings.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+from tests.support.playbook import run_play
 
 
 def run_role(
@@ -30,22 +30,13 @@ def run_role(
             "roles": [{"role": "monitoring"}],
         }
     ]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
     extra = {
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "fleet_monitoring": fleet_monitoring,
     }
-    return subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i", str(ROOT / "inventories/lab"),
-            "-e", json.dumps(extra),
-            str(tmp_path / "play.yml"),
-        ],
-        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
-    )  # fmt: skip
+    inventory = str(ROOT / "inventories/lab")
+    return run_play(tmp_path, play, "-e", json.dumps(extra), inventory=inventory, local=False)
 
 
 @pytest.fixture(scope="module")

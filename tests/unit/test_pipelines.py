@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from vllm_fleet.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = ROOT / "examples/pipelines"
 MAKE_TARGETS = set(re.findall(r"^([a-z-]+):", (ROOT / "Makefile").read_text(), re.M))
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from vllm_fleet.plan import DRIFT, FAILED, NO_DRIFT, plan
 
-ROOT = Path(__file__).resolve().parents[2]
 LOCAL = ["-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
 
 

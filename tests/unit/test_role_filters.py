@@ -17,7 +17,8 @@ import pytest
 import yaml
 from ansible.plugins.loader import filter_loader, init_plugin_loader
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 SHIMS = sorted(ROOT.glob("roles/*/filter_plugins/*.py"))
 # Keys whose whole value Ansible evaluates as a Jinja expression (no braces).
 EXPRESSION_KEYS = {"when", "that", "changed_when", "failed_when", "until"}
@@ -82,10 +83,16 @@ def test_each_role_filter_file_is_a_shim_over_its_package_module(shim: Path) -> 
         assert callable(function)
 
 
-def test_every_filter_the_roles_and_playbooks_use_resolves() -> None:
+@pytest.fixture(scope="module")
+def loader() -> object:
+    """Ansible's filter loader (initialised once per process), seeing every role's shim."""
     init_plugin_loader()
     for shim in SHIMS:
         filter_loader.add_directory(str(shim.parent))
+    return filter_loader
+
+
+def test_every_filter_the_roles_and_playbooks_use_resolves(loader) -> None:
     used = used_filters()
     assert "vllm_engine_router_args" in used  # the scan does find the roles' own filters
     missing = {
@@ -96,7 +103,7 @@ def test_every_filter_the_roles_and_playbooks_use_resolves() -> None:
     assert not missing, f"filters no plugin provides: {missing}"
 
 
-def test_the_scan_sees_a_filter_that_does_not_exist(tmp_path: Path) -> None:
+def test_the_scan_sees_a_filter_that_does_not_exist(tmp_path: Path, loader) -> None:
     task = tmp_path / "main.yml"
     task.write_text(
         "- name: Use a filter nobody provides\n"
@@ -106,5 +113,4 @@ def test_the_scan_sees_a_filter_that_does_not_exist(tmp_path: Path) -> None:
     )
     names = {n for e in expressions(task) for n in FILTER_USE.findall(QUOTED.sub("''", e))}
     assert names == {"no_such_filter", "other_missing_filter"}
-    init_plugin_loader()
     assert not filter_loader.get("no_such_filter")

@@ -6,15 +6,15 @@ is touched: validation only asserts and sets facts).
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+from tests.support.playbook import run_play
+
 RELEASES = yaml.safe_load((ROOT / "catalog/routers.yml").read_text())["fleet_router_releases"]
 
 
@@ -43,18 +43,7 @@ def validate(tmp_path: Path, fleet_router: dict[str, object]) -> subprocess.Comp
             ],
         }
     ]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(ROOT / "roles"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i", "router01,",
-            "-c", "local",
-            "-e", "ansible_python_interpreter=" + sys.executable,
-            str(tmp_path / "play.yml"),
-        ],
-        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
-    )  # fmt: skip
+    return run_play(tmp_path, play, inventory="router01,")
 
 
 def test_the_defaults_pass(tmp_path):

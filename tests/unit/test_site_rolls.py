@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import ROOT
+
 # Roles that restart engine groups (fleet_upgrade includes vllm_engine's apply).
 RESTARTING = {"vllm_engine", "fleet_upgrade"}
 

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from vllm_fleet.ansible import fleet_upgrade as filters
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_config_groups_are_the_settings_files_stems():

@@ -5,15 +5,14 @@ the inventory's fleet_router, else the router role's own defaults.
 """
 
 import json
-from pathlib import Path
 
 import jinja2
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from vllm_fleet.verify.config import VerifyConfig
 
-ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles/fleet_verify"
 ROUTER_DEFAULTS = yaml.safe_load((ROOT / "roles/router/defaults/main.yml").read_text())
 VERIFY_DEFAULTS = yaml.safe_load((ROLE / "defaults/main.yml").read_text())

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from vllm_fleet.ansible import model_weights as filters
-
-ROOT = Path(__file__).resolve().parents[2]
 
 CATALOG = {
     "mir": {"source": "mirror", "url": "http://m/models/mir", "revision": "b" * 64},

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.paths import ROOT as REPO
 from vllm_fleet.wheelhouse import WheelhouseError, build_wheelhouse
-
-REPO = Path(__file__).resolve().parents[2]
 
 # A build hook that bakes FIXTURE_TARGET_DEVICE into the package, as vLLM's setup.py bakes
 # VLLM_TARGET_DEVICE: the wheel shows whether the stack's build environment reached it.

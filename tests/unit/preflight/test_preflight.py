@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from tests.unit.preflight.bases import base
 from vllm_fleet.preflight import HostInput, validate
 from vllm_fleet.preflight.checks import GROUP_OPTIONAL, GROUP_REQUIRED
 from vllm_fleet.preflight.facts import HostFacts
 
-ROOT = Path(__file__).resolve().parents[3]
 CATALOG = yaml.safe_load((ROOT / "catalog/stacks.yml").read_text())["fleet_stacks"]
 CASES = yaml.safe_load((Path(__file__).with_name("cases.yml")).read_text())
 KNOWN = {

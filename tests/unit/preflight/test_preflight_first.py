@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.paths import ROOT
 from vllm_fleet.preflight import Finding, PreflightResult
 
-ROOT = Path(__file__).resolve().parents[3]
 # Entry points that change hosts (model_cache.yml is imported by both, after preflight).
 ENTRY_POINTS = ["site.yml", "playbooks/site.yml", "playbooks/upgrade.yml"]
 IMPORT = ("ansible.builtin.import_playbook", "import_playbook")

@@ -32,7 +32,6 @@ import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -41,6 +40,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from tests.support.paths import ROOT
 from tests.unit.preflight.bases import BASES, base
 from tests.unit.preflight.test_facts import NPU_SMI_INFO as NPU_SMI
 from vllm_fleet.ansible import model_weights as WEIGHTS
@@ -54,8 +54,6 @@ from vllm_fleet.preflight.checks import (
     MODEL_KEYS,
     MODEL_SOURCES,
 )
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def load(name: str, path: str) -> ModuleType:

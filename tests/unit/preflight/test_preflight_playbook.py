@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
+from tests.support.paths import ROOT
+
 PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 
 
