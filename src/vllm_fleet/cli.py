@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from dataclasses import asdict
@@ -24,7 +25,7 @@ def _cmd_engine_run(args: argparse.Namespace) -> int:
 def _cmd_smoke(args: argparse.Namespace) -> int:
     from vllm_fleet.engine_config import EngineConfig, probe_host
     from vllm_fleet.env_file import read_env_file
-    from vllm_fleet.smoke import run_smoke
+    from vllm_fleet.verify.smoke import report_lines, smoke_endpoint
 
     cfg = EngineConfig.model_validate_json(Path(args.config).read_text())
     key = read_env_file(Path(args.env_file)).get("VLLM_API_KEY", "")
@@ -32,9 +33,10 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
         print(f"{args.env_file}: no VLLM_API_KEY", file=sys.stderr)
         return 2
     address = args.address or probe_host(cfg)
-    result = run_smoke(f"http://{address}:{cfg.port}", key, cfg.served_name, args.timeout)
-    print(result.summary())
-    return 0 if result.ok else 1
+    url = f"http://{address}:{cfg.port}"
+    result = asyncio.run(smoke_endpoint(url, key, cfg.served_name, args.timeout))
+    print("\n".join(report_lines(result)))
+    return 0 if result.status != "fail" else 1
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:

@@ -1,6 +1,7 @@
 """Smoke check of one endpoint (an engine or the router): the API answers, usage adds up,
 auth is enforced; for an engine also /health, the configured /metrics families and the
-KV capacity it reports (for the fleet table)."""
+KV capacity it reports (for the fleet table). The one smoke: ``vllm-fleet verify`` and the
+host's ``vllm-fleet smoke`` both run it."""
 
 from __future__ import annotations
 
@@ -66,6 +67,31 @@ async def smoke_router(
     return _result(
         "smoke router", items, {"url": url, "items": [i.as_dict() for i in items]}, start
     )
+
+
+async def smoke_endpoint(
+    url: str, api_key: str, served_name: str, timeout: float, retry: RetrySettings | None = None
+) -> CheckResult:
+    """One endpoint alone (the host's ``vllm-fleet smoke`` of its engine group): /health, the
+    API items and auth, as verify checks every engine and the router."""
+    start = time.perf_counter()
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        items = [await _health(client, url, EngineFacts())]
+        items += await _api_items(
+            client, Endpoint(url, url, api_key), served_name, retry or RetrySettings()
+        )
+    return _result(
+        f"smoke {url}", items, {"url": url, "items": [i.as_dict() for i in items]}, start
+    )
+
+
+def report_lines(result: CheckResult) -> list[str]:
+    """A check as a status line and one line per item, for a terminal or a play's output."""
+    lines = [f"{result.name}: {result.status.upper()} ({result.summary})"]
+    for item in result.details.get("items", []):
+        mark = "FAIL" if not item["ok"] else ("warn" if item["warning"] else "ok")
+        lines.append(f"  [{mark}] {item['name']}: {item['detail']}")
+    return lines
 
 
 def _result(name: str, items: list[Item], details: dict[str, Any], start: float) -> CheckResult:
