@@ -17,27 +17,26 @@ import errno
 import hashlib
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
 
 from vllm_fleet.hashing import BLOCK_SIZE
 from vllm_fleet.manifest import Manifest, ManifestFile
-from vllm_fleet.model_pins import revision_problem
 from vllm_fleet.weights import (
     MANIFEST_NAME,
     STAMP_NAME,
     DiskFullError,
     Progress,
-    RevisionFetch,
     WeightsError,
     remove_tree,
 )
+from vllm_fleet.weights_remote import RemoteFetch, scrub_token
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
+TOKEN_ENV = "HF_TOKEN"
 # huggingface_hub keeps per-file download metadata and locks under <local_dir>/.cache/huggingface;
 # it is the client's bookkeeping, not part of the model, and is removed before install.
 CLIENT_CACHE = ".cache"
@@ -91,23 +90,8 @@ def mismatch(expected: Expected, got: Digests) -> str | None:
     return None
 
 
-def check_revision(name: str, revision: str) -> None:
-    """Only a full commit sha pins bytes; a branch or tag can move under the fleet."""
-    problem = revision_problem(name, "hf", revision)
-    if problem:
-        raise WeightsError(problem)
-
-
-def public_url(url: str) -> str:
-    """url without any user:password part, fit to record."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
-
-
 def _scrub(text: str, token: str | None) -> str:
-    return text.replace(token, "<HF_TOKEN>") if token else text
+    return scrub_token(text, token, TOKEN_ENV)
 
 
 def _first_line(err: BaseException, token: str | None) -> str:
@@ -168,60 +152,24 @@ def forget_download(staging: Path, path: str) -> None:
     metadata.unlink(missing_ok=True)
 
 
-def _patterns(value: str | Sequence[str] | None) -> list[str] | None:
-    if value is None:
-        return None
-    return sorted([value] if isinstance(value, str) else value)
-
-
 @dataclass(kw_only=True)
-class HfFetch(RevisionFetch):
+class HfFetch(RemoteFetch):
     """``repo`` at commit ``revision`` from a Hub ``endpoint`` (default: HF_ENDPOINT, then the Hub)."""
 
-    repo: str
-    endpoint: str | None = None
-    allow_patterns: str | Sequence[str] | None = None
-    ignore_patterns: str | Sequence[str] | None = None
-    endpoint_url: str = field(init=False, default="")
+    SOURCE = "hf"
+    TOKEN_ENV = TOKEN_ENV
+    ENDPOINT_EXAMPLE = "the Hub or a Hub mirror, like https://huggingface.co"
 
-    def __post_init__(self) -> None:
-        check_revision(self.name, self.revision)
-        super().__post_init__()
-        endpoint = self.endpoint or os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
-        self.endpoint_url = endpoint.rstrip("/")
-        if urlsplit(self.endpoint_url).scheme not in ("http", "https"):
-            raise WeightsError(
-                f"model {self.name}: endpoint {public_url(self.endpoint_url)!r} is not an http(s) "
-                "URL; set it to the Hub or a Hub mirror, like https://huggingface.co"
-            )
-        self.allow_patterns = _patterns(self.allow_patterns)
-        self.ignore_patterns = _patterns(self.ignore_patterns)
-
-    @property
-    def where(self) -> str:
-        return f"{self.repo}@{self.revision} from {public_url(self.endpoint_url)}"
-
-    def wanted(self) -> dict[str, object]:
-        # What decides which bytes land here; the endpoint does not (a mirror has the same).
-        return {
-            "source": "hf",
-            "repo": self.repo,
-            "allow_patterns": self.allow_patterns,
-            "ignore_patterns": self.ignore_patterns,
-        }
+    def default_endpoint(self) -> str:
+        return os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT
 
     def _fetch_into_place(self) -> Manifest:
         _require_client(self.name)
-        token = os.environ.get("HF_TOKEN", "").strip() or None
+        token = self.token()
         expected = self._expected_files(token)
         self._check_free_space(sum(e.size for e in expected))
-        provenance = {
-            **self.wanted(),
-            "revision": self.revision,
-            "endpoint": public_url(self.endpoint_url),
-        }
         return self._install(
-            lambda staging: self._download_all(expected, staging, token), provenance
+            lambda staging: self._download_all(expected, staging, token), self.provenance()
         )
 
     # --- the Hub's file metadata ---------------------------------------------------------

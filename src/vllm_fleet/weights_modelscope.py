@@ -37,26 +37,24 @@ import os
 import re
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from vllm_fleet.hashing import BLOCK_SIZE
 from vllm_fleet.manifest import Manifest, ManifestFile
-from vllm_fleet.model_pins import is_commit, revision_problem
+from vllm_fleet.model_pins import is_commit
 from vllm_fleet.weights import (
     MANIFEST_NAME,
     STAMP_NAME,
     DiskFullError,
     Progress,
-    RevisionFetch,
     WeightsError,
 )
-from vllm_fleet.weights_hf import public_url
+from vllm_fleet.weights_remote import RemoteFetch, scrub_token
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 DEFAULT_ENDPOINT = "https://www.modelscope.cn"
@@ -79,20 +77,6 @@ class Listed:
     commit: str  # the commit that last changed it
 
 
-def check_revision(name: str, revision: str) -> None:
-    """Only a full commit id pins bytes; a branch or tag can move under the fleet."""
-    problem = revision_problem(name, "modelscope", revision)
-    if problem:
-        raise WeightsError(problem)
-
-
-def default_endpoint() -> str:
-    domain = os.environ.get(DOMAIN_ENV, "").strip()
-    if not domain:
-        return DEFAULT_ENDPOINT
-    return domain if "://" in domain else f"https://{domain}"
-
-
 def selected(path: str, allow: Sequence[str] | None, ignore: Sequence[str] | None) -> bool:
     """huggingface_hub's filter_repo_objects rule: fnmatch; a pattern ending in / is a folder."""
 
@@ -104,70 +88,41 @@ def selected(path: str, allow: Sequence[str] | None, ignore: Sequence[str] | Non
     return not (ignore is not None and any(fnmatch(path, wild(p)) for p in ignore))
 
 
-def _patterns(value: str | Sequence[str] | None) -> list[str] | None:
-    if value is None:
-        return None
-    return sorted([value] if isinstance(value, str) else value)
-
-
 def _scrub(text: str, token: str | None) -> str:
-    return text.replace(token, f"<{TOKEN_ENV}>") if token else text
+    return scrub_token(text, token, TOKEN_ENV)
 
 
 @dataclass(kw_only=True)
-class ModelScopeFetch(RevisionFetch):
+class ModelScopeFetch(RemoteFetch):
     """``repo`` at commit ``revision`` from a ModelScope ``endpoint``."""
 
-    repo: str
-    endpoint: str | None = None
-    allow_patterns: str | Sequence[str] | None = None
-    ignore_patterns: str | Sequence[str] | None = None
-    endpoint_url: str = field(init=False, default="")
+    SOURCE = "modelscope"
+    TOKEN_ENV = TOKEN_ENV
+    ENDPOINT_EXAMPLE = "ModelScope or a mirror, like https://www.modelscope.cn"
 
-    def __post_init__(self) -> None:
-        check_revision(self.name, self.revision)
-        super().__post_init__()
+    def default_endpoint(self) -> str:
+        domain = os.environ.get(DOMAIN_ENV, "").strip()
+        if not domain:
+            return DEFAULT_ENDPOINT
+        return domain if "://" in domain else f"https://{domain}"
+
+    def check_repo(self) -> None:
         if self.repo.count("/") != 1 or not all(self.repo.split("/")):
             raise WeightsError(
                 f"fleet_models.{self.name}.repo={self.repo} is not a ModelScope model id; "
                 "use owner/name as on ModelScope"
             )
-        self.endpoint_url = (self.endpoint or default_endpoint()).rstrip("/")
-        if urlsplit(self.endpoint_url).scheme not in ("http", "https"):
-            raise WeightsError(
-                f"model {self.name}: endpoint {public_url(self.endpoint_url)!r} is not an "
-                "http(s) URL; set it to ModelScope or a mirror, like https://www.modelscope.cn"
-            )
-        self.allow_patterns = _patterns(self.allow_patterns)
-        self.ignore_patterns = _patterns(self.ignore_patterns)
-
-    @property
-    def where(self) -> str:
-        return f"{self.repo}@{self.revision} from {public_url(self.endpoint_url)}"
-
-    def wanted(self) -> dict[str, object]:
-        # What decides which bytes land here; the endpoint does not (a mirror has the same).
-        return {
-            "source": "modelscope",
-            "repo": self.repo,
-            "allow_patterns": self.allow_patterns,
-            "ignore_patterns": self.ignore_patterns,
-        }
 
     def _fetch_into_place(self) -> Manifest:
-        token = os.environ.get(TOKEN_ENV, "").strip() or None
+        token = self.token()
         headers = {"Cookie": f"{SESSION_COOKIE}={token}"} if token else {}
         client = httpx.Client(timeout=DOWNLOAD_TIMEOUT, follow_redirects=True, headers=headers)
         try:
             listed = self._listing(client, token)
             self._check_free_space(sum(f.size for f in listed))
-            provenance = {
-                **self.wanted(),
-                "revision": self.revision,
-                "endpoint": public_url(self.endpoint_url),
-            }
             return self._install(
-                lambda staging: self._download_all(client, listed, staging, token), provenance
+                lambda staging: self._download_all(client, listed, staging, token),
+                self.provenance(),
             )
         finally:
             client.close()
