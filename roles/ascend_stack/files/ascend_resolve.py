@@ -2,8 +2,10 @@
 
 Run on the host by ascend_stack (ansible.builtin.script). Arguments: ENV_FILE LIB...
 Each library is dlopen()ed in a child process twice: with a plain environment ("plain": what any
-process gets from ld.so.cache) and with the variables of ENV_FILE, the EnvironmentFile the
-engine units read ("service"). The path comes from /proc/self/maps. Prints one JSON object.
+process gets from ld.so.cache) and in a transient systemd service that reads ENV_FILE as its
+EnvironmentFile= ("service"), as the engine units do: systemd itself parses the file, so the
+child sees what an engine would, quoting and all. The path comes from /proc/self/maps. Prints
+one JSON object.
 """
 
 from __future__ import annotations
@@ -31,35 +33,30 @@ print(json.dumps(out))
 """
 
 
-def read_env_file(path: str) -> dict[str, str]:
-    env = {}
-    with open(path, encoding="utf-8") as handle:
-        for raw in handle:
-            line = raw.strip()
-            if not line or line.startswith("#") or "=" not in line:
-                continue
-            key, _, value = line.partition("=")
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
-            env[key] = value
-    return env
-
-
-def loaded(libs: list[str], env: dict[str, str]) -> dict[str, str]:
+def loaded(libs: list[str], argv_prefix: list[str], env: dict[str, str]) -> dict[str, str]:
     run = subprocess.run(
-        [sys.executable, "-c", CHILD, *libs], env=env, capture_output=True, text=True, check=False
-    )
+        [*argv_prefix, sys.executable, "-c", CHILD, *libs],
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False,
+    )  # fmt: skip
     if run.returncode != 0:
         return {lib: "loader check failed: " + run.stderr.strip()[-300:] for lib in libs}
     return json.loads(run.stdout)
 
 
+def as_a_service(env_file: str) -> list[str]:
+    """systemd-run's prefix for a child that gets its environment as an engine unit does."""
+    return [
+        "systemd-run", "--wait", "--pipe", "--quiet", "--collect",
+        f"--property=EnvironmentFile={env_file}",
+    ]  # fmt: skip
+
+
 def main() -> None:
     env_file, libs = sys.argv[1], sys.argv[2:]
     plain = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    result = {"plain": loaded(["libascend_hal.so"], plain), "service": None}
+    result = {"plain": loaded(["libascend_hal.so"], [], plain), "service": None}
     if os.path.exists(env_file):
-        result["service"] = loaded(libs, {**plain, **read_env_file(env_file)})
+        result["service"] = loaded(libs, as_a_service(env_file), plain)
     print(json.dumps(result))
 
 
