@@ -18,21 +18,14 @@ from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
 from vllm_fleet.preflight import HostInput, PreflightResult, validate
-from vllm_fleet.preflight.change_safety import RETIRED_KEY, check_fleet_change
+from vllm_fleet.preflight.change_safety import check_fleet_change
 from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
 from vllm_fleet.preflight.report import render_markdown
 
-# Inventory variables of the fleet itself (the roles' own come from their argument specs).
-FLEET_VARIABLES = {
-    "fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
-    "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url", "fleet_cache_dir",
-    "fleet_stacks", "fleet_router", "fleet_router_releases", "fleet_router_client_key",
-    "fleet_router_control_key", "fleet_watchdog", "fleet_monitoring", "fleet_node_exporter",
-    "fleet_engine_runtime_source", "fleet_index_url", "fleet_ascend_index_url",
-    "fleet_hf_token", "fleet_modelscope_token", RETIRED_KEY,
+# What preflight's own tasks register or read as facts. Every inventory variable, the fleet's
+# (roles/fleet_defaults) and each role's, is learnt from the roles' argument specs.
+PREFLIGHT_FACTS = {
     "preflight_kv_plan",
-    "fleet_memory_utilization",
-    "fleet_memory_reserve_bytes",
     "preflight_facts", "preflight_probe", "preflight_nvidia_smi", "preflight_npu_smi",
     "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_info",
     "preflight_agent", "preflight_engine_files", "preflight_engine_settings",
@@ -53,7 +46,7 @@ def role_variables() -> set[str]:
 
 
 def known_variables() -> set[str]:
-    return FLEET_VARIABLES | role_variables()
+    return PREFLIGHT_FACTS | role_variables()
 
 
 def raw(hostvars: Mapping[str, object], key: str) -> object:
