@@ -4,22 +4,14 @@ manager refuses a driver of another version. Also the repository's metadata is s
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.fixtures.cuda import build_repo
 from tests.support.paths import ROOT
 from vllm_fleet.ansible import cuda_stack as filters
-
-_BUILD = importlib.util.spec_from_file_location(
-    "build_repo", ROOT / "tests/fixtures/cuda/build_repo.py"
-)
-assert _BUILD and _BUILD.loader
-build_repo = importlib.util.module_from_spec(_BUILD)
-sys.modules["build_repo"] = build_repo  # dataclasses look their module up there
-_BUILD.loader.exec_module(build_repo)
 
 QUERY = "--query-gpu=" + ",".join(filters.SMI_FIELDS)
 

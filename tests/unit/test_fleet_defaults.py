@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
+from vllm_fleet.ansible import preflight_action as PLUGIN
 
 SPEC = yaml.safe_load((ROOT / "roles/fleet_defaults/meta/argument_specs.yml").read_text())
 DEFAULTS = yaml.safe_load((ROOT / "roles/fleet_defaults/defaults/main.yml").read_text())
@@ -29,10 +30,8 @@ def test_every_role_depends_on_fleet_defaults_and_repeats_no_shared_path(role):
 
 
 def test_preflight_knows_the_interface_from_the_spec_and_keeps_no_list_of_its_own():
-    from tests.unit.preflight.test_preflight_fuzz import PLUGIN
-
     interface = set(SPEC["argument_specs"]["interface"]["options"])
     assert {"fleet_engine_groups", "fleet_models", "fleet_retired_served_names"} <= interface
-    assert interface | set(DEFAULTS) <= PLUGIN.known_variables()
+    assert interface | set(DEFAULTS) <= PLUGIN.known_variables(ROOT / "roles")
     # Its own set holds only what its tasks register, never an inventory variable.
     assert all(name.startswith("preflight_") for name in PLUGIN.PREFLIGHT_FACTS)

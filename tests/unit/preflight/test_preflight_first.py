@@ -5,13 +5,13 @@ verdict changes a host.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.support.paths import ROOT
+from vllm_fleet.ansible import preflight_action
 from vllm_fleet.preflight import Finding, PreflightResult
 
 # Entry points that change hosts (model_cache.yml is imported by both, after preflight).
@@ -94,13 +94,8 @@ def test_the_deploy_lock_is_taken_first_once_on_the_controller():
 
 def test_the_verdict_is_a_failure_that_changes_nothing():
     """What the plugin returns for a refused inventory (the fuzz drives the rest of its path)."""
-    path = ROOT / "roles/preflight/action_plugins/vllm_fleet_preflight.py"
-    spec = importlib.util.spec_from_file_location("vllm_fleet_preflight", path)
-    assert spec and spec.loader
-    plugin = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plugin)
     refused = PreflightResult(errors=[Finding("h1", "fleet_accelerator", "gpu", "bad", "fix")])
-    result = plugin.summarize(refused, ["h1"])
+    result = preflight_action.summarize(refused, ["h1"])
     assert result["failed"] is True and result["changed"] is False
     assert "no host was changed" in result["msg"]
-    assert "failed" not in plugin.summarize(PreflightResult(), ["h1"])
+    assert "failed" not in preflight_action.summarize(PreflightResult(), ["h1"])

@@ -24,7 +24,6 @@ Each run generates 1000 new inventories (no derandomize; a failure prints its ex
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
 import os
@@ -32,7 +31,6 @@ import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
 import pytest
 import yaml
@@ -44,6 +42,7 @@ from tests.support.paths import ROOT
 from tests.unit.preflight.bases import BASES, base
 from tests.unit.preflight.test_facts import NPU_SMI_INFO as NPU_SMI
 from vllm_fleet.ansible import model_weights as WEIGHTS
+from vllm_fleet.ansible import preflight_action as PLUGIN
 from vllm_fleet.engine_config import EngineConfig
 from vllm_fleet.kv_planner import DTYPE_BYTES
 from vllm_fleet.preflight import Finding, PreflightResult, validate
@@ -55,18 +54,8 @@ from vllm_fleet.preflight.checks import (
     MODEL_SOURCES,
 )
 
-
-def load(name: str, path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-PLUGIN = load("vllm_fleet_preflight", "roles/preflight/action_plugins/vllm_fleet_preflight.py")
 CATALOG = yaml.safe_load((ROOT / "catalog/stacks.yml").read_text())["fleet_stacks"]
-KNOWN: set[str] = PLUGIN.known_variables()
+KNOWN: set[str] = PLUGIN.known_variables(ROOT / "roles")
 GROUP_KEYS = GROUP_REQUIRED + GROUP_OPTIONAL
 GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]+")
 PINS = {"mirror": 64, "local": 64, "hf": 40, "modelscope": 40}

@@ -1,0 +1,164 @@
+"""The preflight role's action: validate every host of the play on the controller with
+vllm_fleet.preflight (loaded by roles/preflight/action_plugins/vllm_fleet_preflight.py).
+
+Runs once, reads each host's inventory variables and probed (or fixture) facts, and fails
+with every finding at once, before any role changes a host. Writes the plan and the
+findings under the report directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+from ansible.errors import AnsibleError
+from ansible.plugins.action import ActionBase
+
+from vllm_fleet.preflight import HostInput, PreflightResult, validate
+from vllm_fleet.preflight.change_safety import check_fleet_change
+from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
+from vllm_fleet.preflight.report import render_markdown
+
+# What preflight's own tasks register or read as facts. Every inventory variable, the fleet's
+# (roles/fleet_defaults) and each role's, is learnt from the roles' argument specs.
+PREFLIGHT_FACTS = {
+    "preflight_kv_plan",
+    "preflight_facts", "preflight_probe", "preflight_nvidia_smi", "preflight_npu_smi",
+    "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_info",
+    "preflight_agent", "preflight_engine_files", "preflight_engine_settings",
+    "preflight_result",
+}  # fmt: skip
+READ = ("fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models")
+PREFIXES = {"fleet", "vllm", "model", "engine", "preflight"}
+
+
+def role_variables(roles_dir: Path) -> set[str]:
+    """Every option of every entry point of the roles' argument specs."""
+    names: set[str] = set()
+    for spec_file in roles_dir.glob("*/meta/argument_specs.yml"):
+        specs = yaml.safe_load(spec_file.read_text())["argument_specs"]
+        for entry in specs.values():
+            names.update(entry.get("options", {}))
+    return names
+
+
+def known_variables(roles_dir: Path) -> set[str]:
+    return PREFLIGHT_FACTS | role_variables(roles_dir)
+
+
+def raw(hostvars: Mapping[str, object], key: str) -> object:
+    """A host variable as Ansible renders it; a template that fails becomes a value preflight names."""
+    try:
+        return hostvars[key]
+    except AnsibleError as err:
+        return f"<cannot be rendered: {err.message}>"
+
+
+def host_input(
+    name: str, hostvars: Mapping[str, object], play_level: Mapping[str, object]
+) -> HostInput:
+    """What preflight validates of one host: its fleet variables (play-level ones win) and facts."""
+    variables = {key: raw(hostvars, key) for key in READ if key in hostvars}
+    for key in hostvars:
+        if key not in variables and key.split("_", 1)[0] in PREFIXES:
+            variables[key] = raw(hostvars, key)
+    variables.update(play_level)
+    facts, models = facts_of(hostvars)
+    return HostInput(name, variables, facts, models, hostvars.get("preflight_engine_settings"))
+
+
+def summarize(outcome: PreflightResult, hosts: list[str]) -> dict[str, object]:
+    """The task's result: the plan, each host's KV sizes, and the refusal or the plan table."""
+    kv_plan: dict[str, dict[str, int]] = {name: {} for name in hosts}
+    for row in outcome.plan:
+        kv_plan[row.host][row.group] = row.kv_cache_bytes
+    result: dict[str, object] = {
+        "plan": [asdict(row) for row in outcome.plan],
+        # The KV size each engine group gets, for groups that leave it to the plan.
+        "kv_plan": kv_plan,
+        "warnings_found": [str(w) for w in outcome.warnings],
+        "changed": False,
+    }
+    if outcome.errors:
+        result["failed"] = True
+        result["msg"] = (
+            f"preflight refused the inventory ({len(outcome.errors)} problems); no host was changed:\n"
+            + "\n".join(f"- {e}" for e in outcome.errors)
+        )
+    else:
+        result["msg"] = render_markdown(outcome)
+    return result
+
+
+def report_json(outcome: PreflightResult) -> str:
+    data = {
+        "errors": [asdict(e) for e in outcome.errors],
+        "warnings": [asdict(w) for w in outcome.warnings],
+        "plan": [asdict(row) for row in outcome.plan],
+    }
+    return json.dumps(data, indent=2, default=str) + "\n"
+
+
+def facts_of(hostvars: Mapping[str, object]) -> tuple[HostFacts, dict[str, dict[str, object]]]:
+    """The host's facts: from a preflight_facts fixture, else from the read-only probes."""
+    if "preflight_facts" in hostvars:
+        return from_fixture(hostvars["preflight_facts"])
+    facts = from_probe(hostvars.get("preflight_probe"))
+    return facts, read_model_info(hostvars.get("preflight_model_info"), facts)
+
+
+class PreflightAction(ActionBase):
+    """The action; the role's plugin file sets ``roles_dir`` (where the argument specs are)."""
+
+    roles_dir: Path
+    TRANSFERS_FILES = False
+    _requires_connection = False
+
+    def run(self, tmp: str | None = None, task_vars: dict | None = None) -> dict:
+        task_vars = task_vars or {}
+        result = super().run(tmp, task_vars)
+        args = self._task.args
+        all_hostvars = task_vars["hostvars"]
+        known = known_variables(self.roles_dir)
+        # Variables set at play, role or task level (vars:, vars_files:, include vars) apply to
+        # every host of the play: task_vars has them, hostvars does not.
+        this_host = all_hostvars[task_vars["inventory_hostname"]]
+        play_level = {}
+        for key, value in task_vars.items():
+            if key.split("_", 1)[0] not in PREFIXES:
+                continue
+            rendered = self._render(value)
+            if key not in this_host or (key in READ and raw(this_host, key) != rendered):
+                play_level[key] = rendered
+        hosts = [host_input(name, all_hostvars[name], play_level) for name in args["hosts"]]
+        outcome = validate(hosts, task_vars["fleet_stacks"], known)
+        # Fleet-wide: what every engine host of the inventory will serve, not only this play's.
+        engine_hosts = {
+            name: {"fleet_engine_groups": raw(all_hostvars[name], "fleet_engine_groups")}
+            for name in task_vars["groups"].get("engines", [])
+            if "fleet_engine_groups" in all_hostvars[name]
+        }
+        check_fleet_change(hosts, engine_hosts, outcome)
+        report = self._write_report(outcome, Path(args["report_dir"]))
+        result.update(summarize(outcome, args["hosts"]))
+        result["report"] = str(report)
+        return result
+
+    def _render(self, value: object) -> object:
+        try:
+            return self._templar.template(value)
+        except AnsibleError as err:
+            return f"<cannot be rendered: {err.message}>"
+
+    @staticmethod
+    def _write_report(outcome: PreflightResult, directory: Path) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        base = directory / f"preflight-{stamp}"
+        base.with_suffix(".json").write_text(report_json(outcome))
+        base.with_suffix(".md").write_text(render_markdown(outcome))
+        return base.with_suffix(".md")
