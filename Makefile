@@ -26,8 +26,9 @@ $(VENV)/.installed: pyproject.toml
 prepare: venv ## build what the lab needs: podman, image, wheelhouses, model mirror, secrets (cached)
 	$(BIN)/python -m vllm_fleet.lab prepare --timings .lab/timings-prepare.json
 
-lab: prepare ## bring up the lab fleet and run site.yml against it
-	$(BIN)/ansible-playbook lab/lab.yml
+LAB_ENGINE_CPUS ?= 0
+lab: prepare ## bring up the lab fleet and run site.yml against it (LAB_ENGINE_CPUS=0.5: slowed engines)
+	$(BIN)/ansible-playbook lab/lab.yml -e lab_engine_cpus=$(LAB_ENGINE_CPUS)
 	$(BIN)/ansible-playbook site.yml
 
 plan: venv ## site.yml --check --diff against the inventory: per-host changes; exit 2 on drift
