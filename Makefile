@@ -34,7 +34,7 @@ lab: prepare ## bring up the lab fleet and run site.yml against it (LAB_ENGINE_C
 plan: venv ## site.yml --check --diff against the inventory: per-host changes; exit 2 on drift
 	$(BIN)/vllm-fleet plan
 
-lab-down: venv ## remove the lab's containers and network (nothing else)
+lab-down: collections ## remove the lab's containers and network (nothing else)
 	$(BIN)/ansible-playbook lab/lab.yml -e lab_state=absent
 
 collections: venv ## the containers.podman collection, unpacked offline from the ansible wheel
