@@ -64,7 +64,6 @@ def test_verify_playbook_reruns_alone_and_proves_concurrency(fresh_lab):
 
 def write_config(engines: list[dict], name: str) -> str:
     config = {
-        "served_name": "smollm2",
         "engines": engines,
         "router": None,
         "crosstalk": {"prompts": 2, "concurrency": 4, "max_tokens": 8},
@@ -105,6 +104,7 @@ def engine_entry(host: str, url: str) -> dict:
         "url": url,
         "stack": settings["stack"],
         "model": "smollm2-135m",
+        "served_name": "smollm2",
         "revision": Path(settings["model_path"]).name,
         "devices": settings["devices"],
         "max_num_seqs": 4,

@@ -65,7 +65,6 @@ def test_kv_capacity_from_blocks_when_the_engine_does_not_label_tokens():
 def sample_report():
     cfg = VerifyConfig.model_validate(
         {
-            "served_name": "smollm2",
             "engines": [
                 {
                     "host": "engine01",
@@ -74,6 +73,7 @@ def sample_report():
                     "stack": "cpu-vllm-0.32.0",
                     "commit": "0123456789ab+dirty",
                     "model": "smollm2-135m",
+                    "served_name": "smollm2",
                     "revision": "bffa" * 16,
                     "devices": [0, 1],
                     "max_num_seqs": 16,
@@ -85,6 +85,7 @@ def sample_report():
                     "url": "http://engine02:8100",
                     "stack": "cpu-vllm-0.32.0",
                     "model": "smollm2-135m",
+                    "served_name": "smollm2",
                     "revision": "bffa" * 16,
                     "devices": [0],
                     "max_num_seqs": 16,
@@ -114,6 +115,7 @@ def sample_report():
             "fail",
             "C=64: 3 contaminated",
             {
+                "served_name": "smollm2",
                 "concurrency": 64,
                 "reasons": ["FAIL: 3 answers carry another prompt's marker"],
                 "per_prompt": [
@@ -144,7 +146,8 @@ def test_report_json_shape_and_verdict():
 
     assert report["verdict"] == "fail"
     assert report["counts"] == {"pass": 1, "warn": 1, "fail": 1}
-    assert report["concurrency"] == 64
+    assert report["served_names"] == ["smollm2"]
+    assert report["concurrency"] == {"smollm2": 64}
     assert [r["kv_capacity_tokens"] for r in report["fleet"]] == [34944, None]
     assert [r["health"] for r in report["fleet"]] == ["ok", "unknown"]
     assert report["checks"][1]["details"]["per_prompt"][0]["contaminated"] == 3
@@ -156,11 +159,12 @@ def test_markdown_has_fleet_table_checks_and_per_prompt_counts():
 
     assert lines[0] == "# vllm-fleet verify: FAIL"
     assert (
-        "| engine01 | g0 | cpu-vllm-0.32.0 | 0123456789ab+dirty | smollm2-135m | bffabffabffa | 0,1 | 16 | float32 | "
+        "| engine01 | g0 | cpu-vllm-0.32.0 | 0123456789ab+dirty | smollm2-135m | smollm2 | "
+        "bffabffabffa | 0,1 | 16 | float32 | "
         "34944 tokens (273 blocks x 128), max concurrency 17.0625 | ok |"
     ) in lines
     assert (
-        "| engine02 | g0 | cpu-vllm-0.32.0 | not recorded | smollm2-135m | bffabffabffa | 0 | 16 | float32 | "
+        "| engine02 | g0 | cpu-vllm-0.32.0 | not recorded | smollm2-135m | smollm2 | bffabffabffa | 0 | 16 | float32 | "
         "not reported | unknown |"
     ) in lines
     assert "| crosstalk | FAIL | 12.5 s | C=64: 3 contaminated |" in lines
@@ -169,6 +173,7 @@ def test_markdown_has_fleet_table_checks_and_per_prompt_counts():
     assert "- FAIL: 3 answers carry another prompt's marker" in lines
     assert "| 0 | Zorbleck | 7 | 3 | 3 | 0 | 1 | True | 0 | Quindara |" in lines
     assert "- router: http://router01:30000 (cache_aware)" in lines
+    assert "- served names: `smollm2` (cross-talk C = 64)" in lines
 
 
 def test_summary_has_one_line_per_check_and_the_verdict():

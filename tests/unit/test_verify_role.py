@@ -47,6 +47,7 @@ def render_verify_json(fleet_router):
                 "url": "http://engine01:8100",
                 "stack": "cpu",
                 "model": "smollm2-135m",
+                "served_name": "smollm2",
                 "revision": "r",
                 "devices": [0],
                 "max_num_seqs": 16,

@@ -4,6 +4,7 @@ import json
 import subprocess
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.openai_fixture_server import (
     CLIENT_KEY,
@@ -62,7 +63,9 @@ def test_honest_fleet_without_router_spreads_load_over_engines(tmp_path, monkeyp
     assert code == 0
     crosstalk = next(c for c in report["checks"] if c["name"] == "crosstalk")
     assert crosstalk["details"]["endpoints"] == ["engine01/g0", "engine02/g0"]
-    assert report["concurrency"] == crosstalk["details"]["concurrency"] == 16
+    assert (
+        report["concurrency"] == {"smollm2": 16} == {"smollm2": crosstalk["details"]["concurrency"]}
+    )
     peaks = crosstalk["details"]["peak_running"]["per_engine"]
     # 8 requests per engine, 4 slots each: both engines ran full batches.
     assert set(peaks) == {"engine01/g0", "engine02/g0"}
@@ -167,7 +170,7 @@ def test_unreachable_engines_fail_every_check_without_crashing(tmp_path, monkeyp
     assert crosstalk["details"]["calibration"]["status_codes"] == {"0": 4}
     assert crosstalk["summary"].startswith("not run: 4 of 4 requests of the calibration wave")
     assert "totals" not in crosstalk["details"]
-    assert report["concurrency"] == 0
+    assert report["concurrency"] == {"smollm2": 0}
     assert (out / "report.md").exists()
 
 
@@ -200,3 +203,68 @@ def test_metrics_file_reports_contamination_in_prometheus_text_format(
         [str(promtool), "check", "metrics"], input=text, capture_output=True, text=True, check=False
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_two_served_names_are_verified_each_on_its_own_engines(tmp_path, monkeypatch):
+    """One engine serves smollm2, the other smollm2-b, behind a router that routes by model:
+    each name gets its own router smoke, cross-talk load (sized from its own engine) and
+    prefix probe, and the metrics file sums both names' contaminated answers."""
+    names = ["smollm2", "smollm2-b"]
+    with fixture_fleet(served_names=names) as (engines, router):
+        config = verify_config(engines, router)
+        config_path = tmp_path / "verify.json"
+        config_path.write_text(json.dumps(config))
+        monkeypatch.setenv("VLLM_FLEET_ENGINE_API_KEY", ENGINE_KEY)
+        monkeypatch.setenv("VLLM_FLEET_CLIENT_API_KEY", CLIENT_KEY)
+        prom = tmp_path / "verify.prom"
+        out = tmp_path / "out"
+        code = main(["--config", str(config_path), "--out", str(out), "--metrics-file", str(prom)])
+    report = json.loads((out / "report.json").read_text())
+
+    assert code == 0, statuses(report)
+    assert statuses(report) == {
+        "smoke engine01/g0": "pass",
+        "smoke router[smollm2]": "pass",
+        "crosstalk[smollm2]": "pass",
+        "prefix_cache engine01/g0": "pass",
+        "prefix_cache router[smollm2]": "pass",
+        "smoke engine02/g0": "pass",
+        "smoke router[smollm2-b]": "pass",
+        "crosstalk[smollm2-b]": "pass",
+        "prefix_cache engine02/g0": "pass",
+        "prefix_cache router[smollm2-b]": "pass",
+    }
+    assert report["served_names"] == names
+    assert set(report["concurrency"]) == set(names)
+    crosstalk = {c["name"]: c["details"] for c in report["checks"] if "crosstalk" in c["name"]}
+    # Each name's load saw only its own engine, and was sized from its 4 slots alone.
+    assert set(crosstalk["crosstalk[smollm2]"]["peak_running"]["per_engine"]) == {"engine01/g0"}
+    assert set(crosstalk["crosstalk[smollm2-b]"]["peak_running"]["per_engine"]) == {"engine02/g0"}
+    assert all(d["sizing"]["slots"] == 4 for d in crosstalk.values())
+    assert [r["served_name"] for r in report["fleet"]] == names
+    markdown = (out / "report.md").read_text()
+    assert "- served names: `smollm2` (cross-talk C = " in markdown
+    families = {f.name: f for f in text_string_to_metric_families(prom.read_text())}
+    oks = {s.labels["check"]: s.value for s in families["vllm_fleet_verify_check_ok"].samples}
+    assert oks["crosstalk[smollm2-b]"] == 1.0
+    contaminated = families["vllm_fleet_verify_crosstalk_contaminated_answers"].samples
+    assert [s.value for s in contaminated] == [0.0]
+
+
+def test_a_router_that_ignores_the_model_fails_the_names_it_misroutes(tmp_path, monkeypatch):
+    """A model-blind router sends smollm2-b requests to the smollm2 engine (404, as vLLM
+    answers a name it does not serve): verify fails that name's router checks."""
+    names = ["smollm2", "smollm2-b"]
+    with fixture_fleet(served_names=names, router_opts={"route_by_model": False}) as (
+        engines,
+        router,
+    ):
+        code, report, _ = run_verify(tmp_path, verify_config(engines, router), monkeypatch)
+
+    assert code == 1
+    status = statuses(report)
+    assert status["smoke engine01/g0"] == status["smoke engine02/g0"] == "pass"
+    assert "fail" in {status["smoke router[smollm2]"], status["smoke router[smollm2-b]"]}
+    assert "fail" in {status["crosstalk[smollm2]"], status["crosstalk[smollm2-b]"]}
+    failed = next(c for c in report["checks"] if c["name"] == "smoke router[smollm2-b]")
+    assert "404" in json.dumps(failed["details"])

@@ -22,6 +22,7 @@ ENGINE = {
     "url": "http://h:1",
     "stack": "s",
     "model": "m",
+    "served_name": "m",
     "revision": "r",
     "devices": [0],
     "max_num_seqs": 16,
@@ -31,7 +32,6 @@ ENGINE = {
 def config(router=None, timeout=120, **crosstalk):
     return VerifyConfig.model_validate(
         {
-            "served_name": "m",
             "engines": [ENGINE, ENGINE],
             "router": router,
             "crosstalk": crosstalk,

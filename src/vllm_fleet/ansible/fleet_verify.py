@@ -45,6 +45,7 @@ def verify_engines(
                     "stack": host_vars.get("fleet_engine_stack", ""),
                     "commit": commits.get(host, "not recorded"),
                     "model": group["model"],
+                    "served_name": models[group["model"]]["served_name"],
                     "revision": models[group["model"]]["revision"],
                     "devices": [int(d) for d in group["devices"]],
                     "max_num_seqs": int(group["max_num_seqs"]),

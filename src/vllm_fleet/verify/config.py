@@ -41,6 +41,8 @@ class EngineSpec(_Strict):
     url: str = Field(pattern=URL_PATTERN)
     stack: str
     model: str
+    # The name clients ask for (the model's served_name): each name is verified on its own.
+    served_name: str
     revision: str
     devices: list[int]
     max_num_seqs: int = Field(gt=0)
@@ -93,7 +95,6 @@ class RetrySettings(_Strict):
 
 
 class VerifyConfig(_Strict):
-    served_name: str
     engines: list[EngineSpec] = Field(min_length=1)
     router: RouterSpec | None = None
     crosstalk: CrosstalkSettings = CrosstalkSettings()
@@ -103,6 +104,26 @@ class VerifyConfig(_Strict):
     # Verify's own per-request timeout (fleet_verify_timeout): the deadline of direct engine
     # calls, and through a router the deadline when it is tighter than the router's.
     timeout_seconds: float = Field(default=120.0, gt=0.0)
+
+    @property
+    def served_names(self) -> list[str]:
+        return sorted({e.served_name for e in self.engines})
+
+    @property
+    def served_name(self) -> str:
+        """The one name this config's engines serve (a view of one name, see ``views``)."""
+        names = self.served_names
+        if len(names) != 1:
+            raise ValueError(f"engines serve {len(names)} names {names}: verify each view")
+        return names[0]
+
+    def views(self) -> list[VerifyConfig]:
+        """One config per served name, holding only that name's engines: each name's smoke,
+        cross-talk load and prefix probes run against its own engines and capacity."""
+        return [
+            self.model_copy(update={"engines": [e for e in self.engines if e.served_name == n]})
+            for n in self.served_names
+        ]
 
     @property
     def fleet_max_num_seqs(self) -> int:

@@ -243,6 +243,7 @@ async def run_crosstalk(cfg: VerifyConfig, keys: ApiKeys) -> CheckResult:
             wanted_waves=settings.waves,
         )
         base = {
+            "served_name": cfg.served_name,
             "concurrency": sizing.concurrency,
             "sizing": sizing.as_dict(),
             "calibration": calibration.as_dict(),

@@ -15,12 +15,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from vllm_fleet.verify.report import is_crosstalk
+
 
 def contaminated_answers(report: dict[str, Any]) -> int:
-    for check in report.get("checks", []):
-        if check.get("name") == "crosstalk":
-            return int(check.get("details", {}).get("totals", {}).get("contaminated", 0))
-    return 0
+    """Summed over the served names' cross-talk checks."""
+    return sum(
+        int(check.get("details", {}).get("totals", {}).get("contaminated", 0))
+        for check in report.get("checks", [])
+        if is_crosstalk(str(check.get("name", "")))
+    )
 
 
 def write_metrics(report: dict[str, Any], path: Path) -> None:

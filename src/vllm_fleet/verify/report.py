@@ -21,6 +21,7 @@ FLEET_COLUMNS: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
     ("stack", lambda r: r["stack"]),
     ("commit", lambda r: r["commit"]),
     ("model", lambda r: r["model"]),
+    ("served name", lambda r: r["served_name"]),
     ("revision", lambda r: r["revision"][:12]),
     ("devices", lambda r: r["devices"]),
     ("max_num_seqs", lambda r: r["max_num_seqs"]),
@@ -43,6 +44,7 @@ def fleet_rows(cfg: VerifyConfig, facts: dict[str, EngineFacts]) -> list[dict[st
                 "stack": engine.stack,
                 "commit": engine.commit,
                 "model": engine.model,
+                "served_name": engine.served_name,
                 "revision": engine.revision,
                 "devices": engine.devices,
                 "max_num_seqs": engine.max_num_seqs,
@@ -55,13 +57,19 @@ def fleet_rows(cfg: VerifyConfig, facts: dict[str, EngineFacts]) -> list[dict[st
     return rows
 
 
-def crosstalk_concurrency(checks: list[CheckResult]) -> int | None:
-    """The C the cross-talk check chose (it is measured per run); None: it did not run."""
+def is_crosstalk(name: str) -> bool:
+    """The cross-talk check, or one of its per-served-name copies (``crosstalk[NAME]``)."""
+    return name == "crosstalk" or (name.startswith("crosstalk[") and name.endswith("]"))
+
+
+def crosstalk_concurrency(checks: list[CheckResult]) -> dict[str, int]:
+    """served name -> the C its cross-talk check chose (measured per run); absent: not run."""
+    out = {}
     for check in checks:
-        if check.name == "crosstalk":
-            concurrency = check.details.get("concurrency")
-            return concurrency if isinstance(concurrency, int) else None
-    return None
+        concurrency = check.details.get("concurrency")
+        if is_crosstalk(check.name) and isinstance(concurrency, int):
+            out[check.details.get("served_name", "")] = concurrency
+    return out
 
 
 def build_report(
@@ -79,7 +87,7 @@ def build_report(
         "duration_s": round(duration_s, 3),
         "verdict": "fail" if counts["fail"] or not checks else "pass",
         "counts": counts,
-        "served_name": cfg.served_name,
+        "served_names": cfg.served_names,
         "router": cfg.router.model_dump() if cfg.router else None,
         "concurrency": crosstalk_concurrency(checks),
         "fleet": rows,
@@ -125,7 +133,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"# vllm-fleet verify: {report['verdict'].upper()}",
         "",
         f"- started: {report['started_at']}, took {report['duration_s']:.1f} s",
-        f"- served name: `{report['served_name']}`; concurrency C = {report['concurrency']}",
+        f"- served names: {_served(report)}",
         f"- router: {router['url'] + ' (' + router['policy'] + ')' if router else 'none'}",
         "",
         "## Fleet",
@@ -147,6 +155,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", f"### {check['name']}: {check['status'].upper()}", ""]
         lines += _details(check["details"])
     return "\n".join(lines) + "\n"
+
+
+def _served(report: dict[str, Any]) -> str:
+    concurrency = report["concurrency"]
+    return ", ".join(
+        f"`{name}` (cross-talk C = {concurrency.get(name, 'not run')})"
+        for name in report["served_names"]
+    )
 
 
 def _details(details: dict[str, Any]) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import time
 from collections.abc import Awaitable
@@ -70,25 +71,54 @@ async def _smoke(
         return CheckResult(f"smoke {engine.label}", "fail", summary), EngineFacts()
 
 
+def _named(name: str, served_name: str | None) -> str:
+    """A fleet-wide check's name, qualified by the served name when the fleet has several."""
+    return f"{name}[{served_name}]" if served_name else name
+
+
 async def run_checks(
     cfg: VerifyConfig, keys: ApiKeys
 ) -> tuple[list[CheckResult], dict[str, EngineFacts]]:
+    """Each served name is verified on its own, one after another: its engines' smoke, the
+    router's smoke for that name (an engine of another name behind it answers 404), a
+    cross-talk load sized from that name's capacity, and its prefix probes."""
+    checks: list[CheckResult] = []
+    facts: dict[str, EngineFacts] = {}
+    views = cfg.views()
     async with httpx.AsyncClient(timeout=httpx.Timeout(cfg.timeout_seconds)) as client:
-        smoked = await asyncio.gather(*(_smoke(client, e, keys, cfg) for e in cfg.engines))
-        checks = [result for result, _ in smoked]
-        facts = {e.label: f for e, (_, f) in zip(cfg.engines, smoked, strict=True)}
-        if cfg.router is not None:
-            router_smoke = smoke_router(client, cfg.router.url, keys.client, cfg)
-            checks.append(await _guarded("smoke router", router_smoke))
-        checks.append(await _guarded("crosstalk", run_crosstalk(cfg, keys)))
-        for engine in cfg.engines:
-            if engine.enable_prefix_caching:
-                probe = probe_engine(client, engine, keys, cfg)
-                checks.append(await _guarded(f"prefix_cache {engine.label}", probe))
-        if cfg.router is not None and cfg.router.policy == "cache_aware":
-            probe = probe_router(client, cfg.router.url, keys, cfg)
-            checks.append(await _guarded("prefix_cache router", probe))
+        for view in views:
+            qualifier = view.served_name if len(views) > 1 else None
+            view_checks, view_facts = await _run_view(client, view, keys, qualifier)
+            checks += view_checks
+            facts.update(view_facts)
     return checks, facts
+
+
+async def _run_view(
+    client: httpx.AsyncClient, cfg: VerifyConfig, keys: ApiKeys, qualifier: str | None
+) -> tuple[list[CheckResult], dict[str, EngineFacts]]:
+    smoked = await asyncio.gather(*(_smoke(client, e, keys, cfg) for e in cfg.engines))
+    checks = [result for result, _ in smoked]
+    facts = {e.label: f for e, (_, f) in zip(cfg.engines, smoked, strict=True)}
+    if cfg.router is not None:
+        router_smoke = smoke_router(client, cfg.router.url, keys.client, cfg)
+        name = _named("smoke router", qualifier)
+        checks.append(_renamed(await _guarded(name, router_smoke), name))
+    name = _named("crosstalk", qualifier)
+    checks.append(_renamed(await _guarded(name, run_crosstalk(cfg, keys)), name))
+    for engine in cfg.engines:
+        if engine.enable_prefix_caching:
+            probe = probe_engine(client, engine, keys, cfg)
+            checks.append(await _guarded(f"prefix_cache {engine.label}", probe))
+    if cfg.router is not None and cfg.router.policy == "cache_aware":
+        probe = probe_router(client, cfg.router.url, keys, cfg)
+        name = _named("prefix_cache router", qualifier)
+        checks.append(_renamed(await _guarded(name, probe), name))
+    return checks, facts
+
+
+def _renamed(result: CheckResult, name: str) -> CheckResult:
+    return result if result.name == name else dataclasses.replace(result, name=name)
 
 
 def main(argv: list[str]) -> int:

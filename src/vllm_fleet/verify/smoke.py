@@ -45,7 +45,7 @@ async def smoke_engine(
     endpoint = Endpoint(engine.label, engine.url, api_key)
     facts = EngineFacts()
     items = [await _health(client, engine.url, facts)]
-    items += await _api_items(client, endpoint, cfg.served_name, cfg.retry)
+    items += await _api_items(client, endpoint, engine.served_name, cfg.retry)
     items.append(await _metrics(client, engine.url, cfg.metrics_families, facts))
     details = {
         "url": engine.url,

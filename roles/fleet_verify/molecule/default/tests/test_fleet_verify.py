@@ -93,7 +93,7 @@ def test_the_role_left_a_passing_report_on_the_host(host):
     assert set(checks) == ALL_CHECKS
     assert {c["status"] for c in checks.values()} == {"pass"}
     assert report["router"] is None
-    assert report["concurrency"] == 16
+    assert report["concurrency"] == {"smollm2": 16}
     rows = {row["group"]: row for row in report["fleet"]}
     assert sorted(rows) == ["g0", "g1"]
     for group, port in GROUPS.items():
