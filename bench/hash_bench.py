@@ -45,9 +45,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet.hashing import BLOCK_SIZE
-from vllm_fleet.manifest import Manifest, ManifestFile, canonical_json
-from vllm_fleet.weights import MANIFEST_NAME, verify_dir, write_stamp
+from vllm_fleet.weights.base import MANIFEST_NAME, verify_dir, write_stamp
+from vllm_fleet.weights.hashing import BLOCK_SIZE
+from vllm_fleet.weights.manifest import Manifest, ManifestFile, canonical_json
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))

@@ -2,7 +2,7 @@
 
 Run with the lab up (make lab). For each engine group it reads the group's settings and
 the model's config.json on the host, predicts the KV capacity in tokens with
-vllm_fleet.kv_planner, and divides by the capacity vLLM reports in vllm:cache_config_info
+vllm_fleet.preflight.kv_planner, and divides by the capacity vLLM reports in vllm:cache_config_info
 (num_gpu_blocks x block_size). The target is a ratio within 0.95-1.05.
 """
 
@@ -15,7 +15,7 @@ import sys
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_fleet.kv_planner import AttentionShape, plan
+from vllm_fleet.preflight.kv_planner import AttentionShape, plan
 
 ENGINES = {"engine01": "http://127.0.0.1:8101", "engine02": "http://127.0.0.1:8102"}
 

@@ -238,7 +238,7 @@ async def op_capacity(job: dict[str, Any]) -> dict[str, Any]:
 
 async def op_register(job: dict[str, Any]) -> dict[str, Any]:
     """Wait for the router to answer, add the workers, wait until it lists them (healthy)."""
-    from vllm_fleet.router_client import RouterError, RouterTarget, SglangRouterClient
+    from vllm_fleet.router.client import RouterError, RouterTarget, SglangRouterClient
 
     router = SglangRouterClient(
         RouterTarget(impl="sglang", url=job["router"]), os.environ[KEY_ENV["control"]], 5.0
@@ -417,7 +417,7 @@ def lab_engine_settings(host: str) -> dict[str, Any]:
 
 def bench_engine_settings(lab_settings: dict[str, Any], host: str, kv_bytes: int) -> str:
     """The lab group's settings with the bench's port, KV cache and block size; no routers."""
-    from vllm_fleet.engine_config import EngineConfig
+    from vllm_fleet.engine.config import EngineConfig
 
     cfg = EngineConfig.model_validate(lab_settings).model_copy(
         update={
@@ -510,7 +510,7 @@ def start_router(lab: Lab, run: str, policy: str, workers: list[str], model: str
         "Type=exec",
     ]
     lab.start_unit(
-        ROUTER_HOST, unit, props, [router_python(), "-m", "vllm_fleet.router_launch", path]
+        ROUTER_HOST, unit, props, [router_python(), "-m", "vllm_fleet.router.launch", path]
     )
     lab.wait_active(ROUTER_HOST, unit, 30)
     router = Router(run, policy, f"http://{args['host']}:{port}")
@@ -690,8 +690,8 @@ def measure_overhead(lab: Lab, engines: Engines, model: str, pairs: int) -> dict
 
 
 def kv_bytes_per_token(host: str, settings: dict[str, Any]) -> int:
-    from vllm_fleet.kv_planner import AttentionShape
-    from vllm_fleet.kv_planner import kv_bytes_per_token as per_token
+    from vllm_fleet.preflight.kv_planner import AttentionShape
+    from vllm_fleet.preflight.kv_planner import kv_bytes_per_token as per_token
 
     config = json.loads(on(host, "cat", f"{settings['model_path']}/config.json"))
     shape = AttentionShape.from_config(config)

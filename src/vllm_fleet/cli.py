@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING
 from vllm_fleet import __version__
 
 if TYPE_CHECKING:
-    from vllm_fleet.engine_config import EngineConfig
+    from vllm_fleet.engine.config import EngineConfig
 
 
 def _cmd_engine_run(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine_exec import run
+    from vllm_fleet.engine.exec import run
 
     return run(Path(args.config))
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine_config import EngineConfig, probe_host
+    from vllm_fleet.engine.config import EngineConfig, probe_host
     from vllm_fleet.env_file import read_env_file
     from vllm_fleet.verify.smoke import report_lines, smoke_endpoint
 
@@ -40,14 +40,14 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    from vllm_fleet.publish import publish
+    from vllm_fleet.weights.publish import publish
 
     print(publish(args.model, Path(args.source), Path(args.mirror_dir), args.workers))
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from vllm_fleet.weights import load_local_manifest, verify_dir
+    from vllm_fleet.weights.base import load_local_manifest, verify_dir
 
     rev_dir = Path(args.path)
     problems = verify_dir(rev_dir, load_local_manifest(rev_dir), args.full, args.workers, _stderr)
@@ -59,7 +59,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from vllm_fleet.weights import MirrorFetch, WeightsError
+    from vllm_fleet.weights.base import WeightsError
+    from vllm_fleet.weights.mirror import MirrorFetch
 
     fetch = MirrorFetch(
         name=args.name,
@@ -80,7 +81,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_model_info(args: argparse.Namespace) -> int:
-    from vllm_fleet.kv_planner import safetensors_weight_bytes
+    from vllm_fleet.preflight.kv_planner import safetensors_weight_bytes
 
     model_dir = Path(args.path)
     config = json.loads((model_dir / "config.json").read_text())
@@ -89,7 +90,7 @@ def _cmd_model_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_lock(args: argparse.Namespace) -> int:
-    from vllm_fleet.wheel_lock import lock_lines
+    from vllm_fleet.wheels.lock import lock_lines
 
     print("\n".join(lock_lines(Path(args.wheelhouse), set(args.exclude))))
     return 0
@@ -98,7 +99,7 @@ def _cmd_lock(args: argparse.Namespace) -> int:
 def _cmd_lock_resolve(args: argparse.Namespace) -> int:
     import tempfile
 
-    from vllm_fleet.wheel_lock import resolve_lock
+    from vllm_fleet.wheels.lock import resolve_lock
 
     with tempfile.TemporaryDirectory() as workdir:
         lines = resolve_lock(
@@ -117,7 +118,7 @@ def _cmd_lock_resolve(args: argparse.Namespace) -> int:
 def _cmd_wheelhouse(args: argparse.Namespace) -> int:
     import yaml
 
-    from vllm_fleet.wheelhouse import WheelhouseError, build_wheelhouse
+    from vllm_fleet.wheels.wheelhouse import WheelhouseError, build_wheelhouse
 
     root = Path(args.root)
     stacks = yaml.safe_load((root / "catalog" / "stacks.yml").read_text())["fleet_stacks"]
@@ -155,7 +156,7 @@ def _cmd_watchdog(args: argparse.Namespace) -> int:
 
 
 def _traffic_inputs(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, str]]:
-    from vllm_fleet.engine_config import EngineConfig
+    from vllm_fleet.engine.config import EngineConfig
     from vllm_fleet.env_file import read_env_file
 
     cfg = EngineConfig.model_validate_json(Path(args.config).read_text())
@@ -163,8 +164,8 @@ def _traffic_inputs(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, s
 
 
 def _cmd_traffic_drain(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine_exec import CONTROL_KEY_ENV
-    from vllm_fleet.traffic import TrafficError, drain
+    from vllm_fleet.engine.exec import CONTROL_KEY_ENV
+    from vllm_fleet.router.traffic import TrafficError, drain
 
     cfg, env = _traffic_inputs(args)
     try:
@@ -183,8 +184,8 @@ def _cmd_traffic_drain(args: argparse.Namespace) -> int:
 
 
 def _cmd_traffic_release(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine_exec import CONTROL_KEY_ENV
-    from vllm_fleet.traffic import TrafficError, release
+    from vllm_fleet.engine.exec import CONTROL_KEY_ENV
+    from vllm_fleet.router.traffic import TrafficError, release
 
     cfg, env = _traffic_inputs(args)
     try:
@@ -199,7 +200,7 @@ def _cmd_traffic_release(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from vllm_fleet.plan import FAILED, default_out_dir, plan
+    from vllm_fleet.deploy.drift import FAILED, default_out_dir, plan
 
     root = Path(args.root).resolve()
     out_dir = Path(args.out) if args.out else default_out_dir(root)
@@ -214,7 +215,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_apply(args: argparse.Namespace) -> int:
-    from vllm_fleet.gitops import apply
+    from vllm_fleet.deploy.gitops import apply
 
     return apply(Path(args.root).resolve(), args.since, args.inventory, args.dry_run)
 
@@ -398,14 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_engine_state(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine_state import host_state
+    from vllm_fleet.engine.state import host_state
 
     print(host_state(Path(args.config_dir), Path(args.unit_file), args.group).to_json())
     return 0
 
 
 def _cmd_model_check(args: argparse.Namespace) -> int:
-    from vllm_fleet.model_check import main as model_check_main
+    from vllm_fleet.engine.model_check import main as model_check_main
 
     return model_check_main(Path(args.path))
 

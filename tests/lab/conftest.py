@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from tests.lab_images import engine_image_tag
-from vllm_fleet.deploy_lock import read_record
+from vllm_fleet.deploy.lock import read_record
 from vllm_fleet.lab.client_load import LoadStats
 
 ROOT = Path(__file__).resolve().parents[2]

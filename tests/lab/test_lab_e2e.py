@@ -22,7 +22,7 @@ from tests.lab.conftest import (
     playbook,
     smoke_in,
 )
-from vllm_fleet.publish import publish
+from vllm_fleet.weights.publish import publish
 
 
 def test_first_run_deploys_and_smoke_passes(fresh_lab):

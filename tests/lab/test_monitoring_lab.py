@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.lab.conftest import ROOT, in_host
-from vllm_fleet.dashboard import load_dashboard, panel_queries, render_query
+from vllm_fleet.monitoring.dashboard import load_dashboard, panel_queries, render_query
 
 PROMETHEUS = "http://127.0.0.1:9090"
 ALERTS_FILE = ROOT / "roles/monitoring/files/vllm-fleet-alerts.rules.yml"

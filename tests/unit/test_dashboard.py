@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from vllm_fleet.dashboard import (
+from vllm_fleet.monitoring.dashboard import (
     DASHBOARD_PATH,
     MACROS,
     UnsupportedVariable,

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from vllm_fleet.deploy_lock import playbooks_of, start_ticks
+from vllm_fleet.deploy.lock import playbooks_of, start_ticks
 
 PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 DEADLINE = 30.0

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from vllm_fleet.engine_config import (
+from vllm_fleet.engine.config import (
     EngineConfig,
     compress_ranges,
     device_env,

@@ -3,8 +3,8 @@ import zipfile
 import pytest
 
 from vllm_fleet.env_file import read_env_file
-from vllm_fleet.hashing import sha256_file
-from vllm_fleet.wheel_lock import lock_lines, parse_lock
+from vllm_fleet.weights.hashing import sha256_file
+from vllm_fleet.wheels.lock import lock_lines, parse_lock
 
 
 def test_env_file_reads_quoted_values_and_skips_comments(tmp_path):

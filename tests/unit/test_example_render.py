@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.paths import ROOT
-from vllm_fleet.engine_config import EngineConfig, engine_argv, engine_env
+from vllm_fleet.engine.config import EngineConfig, engine_argv, engine_env
 
 PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
 API_KEY = "test-api-key-never-in-a-unit"

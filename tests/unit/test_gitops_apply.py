@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from vllm_fleet.gitops import SITE, UPGRADE, apply
+from vllm_fleet.deploy.gitops import SITE, UPGRADE, apply
 
 INVENTORY = "inventories/lab"
 

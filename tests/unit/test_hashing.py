@@ -1,6 +1,6 @@
 import hashlib
 
-from vllm_fleet.hashing import BLOCK_SIZE, sha256_files
+from vllm_fleet.weights.hashing import BLOCK_SIZE, sha256_files
 
 
 def test_sha256_files_matches_hashlib_in_input_order_with_progress(tmp_path):

@@ -5,7 +5,7 @@ import struct
 
 import pytest
 
-from vllm_fleet.kv_planner import (
+from vllm_fleet.preflight.kv_planner import (
     AttentionShape,
     PlanError,
     kv_bytes_per_token,

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from vllm_fleet.wheel_lock import lock_from_report, resolve_command, resolve_lock, unhashed_entries
+from vllm_fleet.wheels.lock import lock_from_report, resolve_command, resolve_lock, unhashed_entries
 
 SHA = "ab" * 32
 

@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.unit.conftest import make_model
-from vllm_fleet.manifest import Manifest, ManifestFile, build_manifest
+from vllm_fleet.weights.manifest import Manifest, ManifestFile, build_manifest
 
 
 def test_manifest_lists_every_file_with_size_and_sha256(tmp_path):

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 
 from tests.unit.conftest import make_model
-from vllm_fleet import cli, engine_exec
-from vllm_fleet.engine_config import EngineConfig
-from vllm_fleet.manifest import build_manifest, canonical_json
-from vllm_fleet.model_check import check_model, missing_files
-from vllm_fleet.weights import MANIFEST_NAME
+from vllm_fleet import cli
+from vllm_fleet.engine import exec as engine_exec
+from vllm_fleet.engine.config import EngineConfig
+from vllm_fleet.engine.model_check import check_model, missing_files
+from vllm_fleet.weights.base import MANIFEST_NAME
+from vllm_fleet.weights.manifest import build_manifest, canonical_json
 
 
 def sharded(path: Path, shards: int = 3, index: str = "model.safetensors.index.json") -> Path:

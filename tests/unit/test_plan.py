@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from vllm_fleet.plan import DRIFT, FAILED, NO_DRIFT, plan
+from vllm_fleet.deploy.drift import DRIFT, FAILED, NO_DRIFT, plan
 
 LOCAL = ["-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
 

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-from vllm_fleet import engine_state, hold
-from vllm_fleet.rollout import drain_plan, restart_plan
+from vllm_fleet.deploy.rollout import drain_plan, restart_plan
+from vllm_fleet.engine import state as engine_state
+from vllm_fleet.router import hold
 
 
 def systemctl_show(active: str, started_us: int):

@@ -18,7 +18,7 @@ from tests.unit.router_fixtures import (
     sglang_listing,
     wait_until,
 )
-from vllm_fleet.router_client import RouterError, RouterTarget, router_client
+from vllm_fleet.router.client import RouterError, RouterTarget, router_client
 
 
 @pytest.fixture(scope="module")

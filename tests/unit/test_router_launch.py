@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_fleet.router_launch import CLIENT_KEY_ENV, CONTROL_KEY_ENV, build_args, keys_from
+from vllm_fleet.router.launch import CLIENT_KEY_ENV, CONTROL_KEY_ENV, build_args, keys_from
 
 # What roles/router/templates/router.json.j2 renders (lab values).
 ROUTER_ARGS = {

@@ -16,12 +16,12 @@ from tests.unit.router_fixtures import (
     sglang_listing,
     wait_until,
 )
-from vllm_fleet import hold
 from vllm_fleet.cli import main
-from vllm_fleet.engine_config import EngineConfig
-from vllm_fleet.engine_exec import Membership, admit
-from vllm_fleet.router_client import RouterTarget, router_client
-from vllm_fleet.traffic import TrafficError, drain, release
+from vllm_fleet.engine.config import EngineConfig
+from vllm_fleet.engine.exec import Membership, admit
+from vllm_fleet.router import hold
+from vllm_fleet.router.client import RouterTarget, router_client
+from vllm_fleet.router.traffic import TrafficError, drain, release
 
 
 @pytest.fixture

@@ -28,8 +28,8 @@ from tests.unit.router_fixtures import (
     start_router,
     wait_until,
 )
-from vllm_fleet import hold
-from vllm_fleet.router_client import RouterTarget, router_client
+from vllm_fleet.router import hold
+from vllm_fleet.router.client import RouterTarget, router_client
 from vllm_fleet.watchdog import journal
 from vllm_fleet.watchdog.config import WatchdogConfig
 from vllm_fleet.watchdog.groups import GroupConfigError, load_group

@@ -4,16 +4,11 @@ import stat
 import pytest
 
 from tests.unit.conftest import make_model
-from vllm_fleet import weights
-from vllm_fleet.hashing import sha256_file
-from vllm_fleet.publish import publish
-from vllm_fleet.weights import (
-    MANIFEST_NAME,
-    MirrorFetch,
-    WeightsError,
-    load_local_manifest,
-    verify_dir,
-)
+from vllm_fleet.weights import base as weights
+from vllm_fleet.weights.base import MANIFEST_NAME, WeightsError, load_local_manifest, verify_dir
+from vllm_fleet.weights.hashing import sha256_file
+from vllm_fleet.weights.mirror import MirrorFetch
+from vllm_fleet.weights.publish import publish
 
 
 @pytest.fixture
@@ -83,7 +78,7 @@ def test_corrupt_mirror_file_names_file_and_both_hashes_and_installs_nothing(mir
 
 
 def load_local_manifest_from_mirror(rev_dir):
-    from vllm_fleet.manifest import Manifest
+    from vllm_fleet.weights.manifest import Manifest
 
     return Manifest.model_validate_json((rev_dir / "manifest.json").read_text())
 

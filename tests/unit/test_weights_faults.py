@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.conftest import make_model
-from vllm_fleet.publish import publish
-from vllm_fleet.weights import CURRENT_LINK, CacheFetch, DiskFullError, MirrorFetch, WeightsError
+from vllm_fleet.weights.base import CURRENT_LINK, DiskFullError, WeightsError
+from vllm_fleet.weights.cache import CacheFetch
+from vllm_fleet.weights.mirror import MirrorFetch
+from vllm_fleet.weights.publish import publish
 
 WEIGHTS = bytes(range(256)) * 1200  # 307,200 bytes, not one repeated byte: offsets matter
 

@@ -11,14 +11,14 @@ import sys
 import pytest
 
 from tests.fixtures.hub_server import FakeHub, git_blob_sha1
-from vllm_fleet.weights import (
+from vllm_fleet.weights.base import (
     MANIFEST_NAME,
     STAMP_NAME,
     WeightsError,
     load_local_manifest,
     verify_dir,
 )
-from vllm_fleet.weights_hf import HfFetch
+from vllm_fleet.weights.hf import HfFetch
 
 REPO = "org/tiny-llama"
 TOKEN = "hf_fixtureSecret0123456789abcdefXYZ"

@@ -9,17 +9,17 @@ import stat
 import pytest
 
 from tests.unit.conftest import make_model
-from vllm_fleet.manifest import Manifest
-from vllm_fleet.publish import publish
-from vllm_fleet.weights import (
+from vllm_fleet.weights.base import (
     MANIFEST_NAME,
     STAMP_NAME,
-    MirrorFetch,
     WeightsError,
     load_local_manifest,
     verify_dir,
 )
-from vllm_fleet.weights_local import LocalFetch
+from vllm_fleet.weights.local import LocalFetch
+from vllm_fleet.weights.manifest import Manifest
+from vllm_fleet.weights.mirror import MirrorFetch
+from vllm_fleet.weights.publish import publish
 
 FILES = ["config.json", "model.safetensors", "sub/extra.txt", "tokenizer.json"]
 

@@ -10,14 +10,14 @@ import stat
 import pytest
 
 from tests.fixtures.modelscope_server import FakeModelScope
-from vllm_fleet.weights import (
+from vllm_fleet.weights.base import (
     MANIFEST_NAME,
     STAMP_NAME,
     WeightsError,
     load_local_manifest,
     verify_dir,
 )
-from vllm_fleet.weights_modelscope import ModelScopeFetch
+from vllm_fleet.weights.modelscope import ModelScopeFetch
 
 REPO = "org/tiny-qwen"
 TOKEN = "ms-fixtureSecret0123456789abcdefXYZ"

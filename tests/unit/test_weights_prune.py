@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.unit.conftest import make_model
-from vllm_fleet.engine_config import EngineConfig
-from vllm_fleet.publish import publish
-from vllm_fleet.weights import MODEL_PATH_FIELD, FetchResult, MirrorFetch
+from vllm_fleet.engine.config import EngineConfig
+from vllm_fleet.weights.base import MODEL_PATH_FIELD, FetchResult
+from vllm_fleet.weights.mirror import MirrorFetch
+from vllm_fleet.weights.publish import publish
 
 
 class Host:

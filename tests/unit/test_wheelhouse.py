@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT as REPO
-from vllm_fleet.wheelhouse import WheelhouseError, build_wheelhouse
+from vllm_fleet.wheels.wheelhouse import WheelhouseError, build_wheelhouse
 
 # A build hook that bakes FIXTURE_TARGET_DEVICE into the package, as vLLM's setup.py bakes
 # VLLM_TARGET_DEVICE: the wheel shows whether the stack's build environment reached it.

@@ -55,11 +55,11 @@ TOKEN_ENV = {"hf": "HF_TOKEN", "modelscope": "MODELSCOPE_API_TOKEN"}
 def upstream_fetch(source: str, params: dict[str, Any], common: dict[str, Any]) -> Any:
     """The fetch object of an upstream source (also what a cache copy must have come from)."""
     if source == "mirror":
-        from vllm_fleet.weights import MirrorFetch
+        from vllm_fleet.weights.mirror import MirrorFetch
 
         return MirrorFetch(base_url=params["url"], **common)
     if source == "hf":
-        from vllm_fleet.weights_hf import HfFetch
+        from vllm_fleet.weights.hf import HfFetch
 
         return HfFetch(
             repo=params["repo"],
@@ -69,7 +69,7 @@ def upstream_fetch(source: str, params: dict[str, Any], common: dict[str, Any]) 
             **common,
         )
     if source == "modelscope":
-        from vllm_fleet.weights_modelscope import ModelScopeFetch
+        from vllm_fleet.weights.modelscope import ModelScopeFetch
 
         return ModelScopeFetch(
             repo=params["repo"],
@@ -78,7 +78,7 @@ def upstream_fetch(source: str, params: dict[str, Any], common: dict[str, Any]) 
             ignore_patterns=params["ignore_patterns"],
             **common,
         )
-    from vllm_fleet.weights_local import LocalFetch
+    from vllm_fleet.weights.local import LocalFetch
 
     return LocalFetch(path=Path(params["path"]), manifest=params["manifest"], **common)
 
@@ -123,7 +123,8 @@ def main() -> None:
     )
     params = module.params
     try:
-        from vllm_fleet.weights import CacheFetch, WeightsError
+        from vllm_fleet.weights.base import WeightsError
+        from vllm_fleet.weights.cache import CacheFetch
     except ImportError as err:
         module.fail_json(msg=f"run this module with the vllm-fleet agent's python: {err}")
     messages: list[str] = []

@@ -3,7 +3,7 @@
 Preflight's first task, run once on the controller: a second run that changes hosts, started
 while one holds the lock, fails here before it touches any host, naming the run that holds
 it. The lock frees itself when the holding ansible-playbook process exits (see
-vllm_fleet.deploy_lock). Changes no host, and works the same with --check: a check run beside
+vllm_fleet.deploy.lock). Changes no host, and works the same with --check: a check run beside
 a real one would report changes that are being made under it.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import asdict
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
-from vllm_fleet.deploy_lock import Holder, LockError, acquire, playbook_process
+from vllm_fleet.deploy.lock import Holder, LockError, acquire, playbook_process
 
 display = Display()
 

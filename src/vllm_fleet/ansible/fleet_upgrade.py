@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from vllm_fleet.rollout import drain_plan
+from vllm_fleet.deploy.rollout import drain_plan
 
 
 def config_groups(files: list[dict[str, Any]]) -> list[str]:

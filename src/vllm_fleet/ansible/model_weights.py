@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_fleet.model_pins import REQUIRED, SOURCES, UPSTREAM, is_source, revision_problem
+from vllm_fleet.weights.pins import REQUIRED, SOURCES, UPSTREAM, is_source, revision_problem
 
 PATTERN_KEYS = ("allow_patterns", "ignore_patterns")
 

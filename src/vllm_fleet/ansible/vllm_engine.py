@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_fleet.rollout import restart_plan
+from vllm_fleet.deploy.rollout import restart_plan
 
 
 def router_targets(hosts: list[str], impl: str, port: int | str) -> list[dict[str, str]]:

@@ -13,9 +13,9 @@ from pathlib import Path
 import yaml
 
 from vllm_fleet.lab.paths import LabPaths
-from vllm_fleet.publish import publish
-from vllm_fleet.wheel_lock import MANYLINUX_X86_64, lock_lines
-from vllm_fleet.wheelhouse import build_wheelhouse, download_locked
+from vllm_fleet.weights.publish import publish
+from vllm_fleet.wheels.lock import MANYLINUX_X86_64, lock_lines
+from vllm_fleet.wheels.wheelhouse import build_wheelhouse, download_locked
 
 HOST_PACKAGES = ["podman", "runc", "iptables", "netavark", "aardvark-dns", "mmdebstrap"]
 # The accelerator roles' fixtures are built on the controller: gcc and readelf (ascend's .so

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from vllm_fleet.publish import publish
+from vllm_fleet.weights.publish import publish
 
 LAB_MODEL = "smollm2-135m"
 

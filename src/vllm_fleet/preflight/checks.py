@@ -8,8 +8,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vllm_fleet.engine_config import SECRET_NAME, env_problems, extra_args_problems, owned_flag
-from vllm_fleet.kv_planner import (
+from vllm_fleet.engine.config import SECRET_NAME, env_problems, extra_args_problems, owned_flag
+from vllm_fleet.names import SAFE_NAME, SAFE_NAME_RULE
+from vllm_fleet.preflight.facts import INT64_MAX, HostFacts
+from vllm_fleet.preflight.kv_planner import (
     DTYPE_BYTES,
     AttentionShape,
     PlanError,
@@ -17,9 +19,7 @@ from vllm_fleet.kv_planner import (
     plan,
     request_kv_bytes,
 )
-from vllm_fleet.model_pins import PINS, REQUIRED, SOURCES, is_pinned
-from vllm_fleet.names import SAFE_NAME, SAFE_NAME_RULE
-from vllm_fleet.preflight.facts import INT64_MAX, HostFacts
+from vllm_fleet.weights.pins import PINS, REQUIRED, SOURCES, is_pinned
 
 ACCELERATORS = ("cpu", "cuda", "ascend")
 MODEL_SOURCES = SOURCES
@@ -45,7 +45,7 @@ MODEL_KEYS = (
     "ttft_p99_threshold_seconds",
 )
 # The other string settings of a model (the pin and the setting each source requires are
-# vllm_fleet.model_pins', shared with the model_weights role and the fetches).
+# vllm_fleet.weights.pins', shared with the model_weights role and the fetches).
 MODEL_STRINGS = ("url", "repo", "endpoint", "path", "manifest")
 GROUP_NAME = SAFE_NAME
 GIB = 1024**3

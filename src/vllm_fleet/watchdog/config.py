@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vllm_fleet.router_client import RouterTarget
+from vllm_fleet.router.client import RouterTarget
 
 GroupName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm_fleet.engine_config import EngineConfig, advertise_url, probe_host
+from vllm_fleet.engine.config import EngineConfig, advertise_url, probe_host
 from vllm_fleet.env_file import read_env_file
 from vllm_fleet.watchdog.config import WatchdogConfig
 

@@ -50,7 +50,7 @@ class WatchdogMetrics:
         # missing one means a missing scrape, and "> threshold" alone finds stale holds.
         self.hold_age = Gauge(
             "vllm_fleet_watchdog_hold_age_seconds",
-            "Seconds since the group was held out of the routers (vllm_fleet.hold, by its "
+            "Seconds since the group was held out of the routers (vllm_fleet.router.hold, by its "
             "file's mtime); 0 when it is not held",
             ["group"],
             registry=self.registry,

@@ -31,8 +31,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from vllm_fleet import hold
-from vllm_fleet.router_client import RouterClient, RouterError, RouterTarget, router_client
+from vllm_fleet.router import hold
+from vllm_fleet.router.client import RouterClient, RouterError, RouterTarget, router_client
 from vllm_fleet.sd_notify import notify
 from vllm_fleet.watchdog import journal
 from vllm_fleet.watchdog.config import WatchdogConfig
@@ -73,7 +73,7 @@ class GroupView:
     inflight_spec: GroupSpec | None = None  # the settings the observation in flight uses
     # Tokens the engine had processed at the end of the previous observation.
     progress: float | None = None
-    held: bool = False  # an upgrade holds it out of the routers (vllm_fleet.hold)
+    held: bool = False  # an upgrade holds it out of the routers (vllm_fleet.router.hold)
     settings_error: str | None = None  # why its settings cannot be read; logged once
     # Its settings file is gone: the group left the inventory (vllm_engine removes the file
     # after stopping it). Watched no more until the file is back: never restarted, never joined.

@@ -43,8 +43,7 @@ from tests.unit.preflight.bases import BASES, base
 from tests.unit.preflight.test_facts import NPU_SMI_INFO as NPU_SMI
 from vllm_fleet.ansible import model_weights as WEIGHTS
 from vllm_fleet.ansible import preflight_action as PLUGIN
-from vllm_fleet.engine_config import EngineConfig
-from vllm_fleet.kv_planner import DTYPE_BYTES
+from vllm_fleet.engine.config import EngineConfig
 from vllm_fleet.preflight import Finding, PreflightResult, validate
 from vllm_fleet.preflight.checks import (
     ACCELERATORS,
@@ -53,6 +52,7 @@ from vllm_fleet.preflight.checks import (
     MODEL_KEYS,
     MODEL_SOURCES,
 )
+from vllm_fleet.preflight.kv_planner import DTYPE_BYTES
 
 CATALOG = yaml.safe_load((ROOT / "catalog/stacks.yml").read_text())["fleet_stacks"]
 KNOWN: set[str] = PLUGIN.known_variables(ROOT / "roles")

@@ -24,8 +24,8 @@ from urllib.parse import urljoin
 import httpx
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from vllm_fleet.hashing import sha256_file
-from vllm_fleet.wheel_lock import MANYLINUX_X86_64, lock_lines, parse_lock, unhashed_entries
+from vllm_fleet.weights.hashing import sha256_file
+from vllm_fleet.wheels.lock import MANYLINUX_X86_64, lock_lines, parse_lock, unhashed_entries
 
 SOURCE_DATE_EPOCH = "1700000000"
 DEFAULT_INDEX = "https://pypi.org/simple"

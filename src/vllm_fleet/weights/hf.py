@@ -23,9 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
 
-from vllm_fleet.hashing import BLOCK_SIZE
-from vllm_fleet.manifest import Manifest, ManifestFile
-from vllm_fleet.weights import (
+from vllm_fleet.weights.base import (
     MANIFEST_NAME,
     STAMP_NAME,
     DiskFullError,
@@ -33,7 +31,9 @@ from vllm_fleet.weights import (
     WeightsError,
     remove_tree,
 )
-from vllm_fleet.weights_remote import RemoteFetch, scrub_token
+from vllm_fleet.weights.hashing import BLOCK_SIZE
+from vllm_fleet.weights.manifest import Manifest, ManifestFile
+from vllm_fleet.weights.remote import RemoteFetch, scrub_token
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 TOKEN_ENV = "HF_TOKEN"

@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 
 from pydantic import BaseModel, Field, field_validator
 
-from vllm_fleet.hashing import sha256_files
+from vllm_fleet.weights.hashing import sha256_files
 
 MANIFEST_FORMAT = "vllm-fleet-manifest/1"
 

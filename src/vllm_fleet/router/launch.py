@@ -1,6 +1,6 @@
 """Start the fleet's router in-process, keys from a systemd credential (never argv).
 
-Runs inside the router's own venv (``python -m vllm_fleet.router_launch CONFIG``), where
+Runs inside the router's own venv (``python -m vllm_fleet.router.launch CONFIG``), where
 only the router's wheels and this package (without its dependencies) are installed: it
 imports nothing but the standard library and the router. Both routers take a RouterArgs
 dataclass; building it here keeps the client and control keys out of ``ps``. The unit
@@ -65,7 +65,7 @@ def build_args(config: dict[str, Any], env: dict[str, str]) -> object:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m vllm_fleet.router_launch ROUTER.json", file=sys.stderr)
+        print("usage: python -m vllm_fleet.router.launch ROUTER.json", file=sys.stderr)
         return 2
     config = json.loads(Path(argv[0]).read_text())
     keys = keys_from(os.environ.get("CREDENTIALS_DIRECTORY"), dict(os.environ))

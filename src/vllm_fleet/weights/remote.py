@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
-from vllm_fleet.model_pins import revision_problem
-from vllm_fleet.weights import RevisionFetch, WeightsError
+from vllm_fleet.weights.base import RevisionFetch, WeightsError
+from vllm_fleet.weights.pins import revision_problem
 
 
 def public_url(url: str) -> str:

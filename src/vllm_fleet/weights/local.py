@@ -26,10 +26,16 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from vllm_fleet.hashing import BLOCK_SIZE
-from vllm_fleet.manifest import Manifest, ManifestFile
-from vllm_fleet.model_pins import revision_problem
-from vllm_fleet.weights import DiskFullError, Progress, RevisionFetch, WeightsError, tree_entries
+from vllm_fleet.weights.base import (
+    DiskFullError,
+    Progress,
+    RevisionFetch,
+    WeightsError,
+    tree_entries,
+)
+from vllm_fleet.weights.hashing import BLOCK_SIZE
+from vllm_fleet.weights.manifest import Manifest, ManifestFile
+from vllm_fleet.weights.pins import revision_problem
 
 STAGED_MANIFEST = "manifest.json"
 

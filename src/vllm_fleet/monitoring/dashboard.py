@@ -30,7 +30,7 @@ from typing import Any
 
 # In a checkout of the repository (the controller); the agent's wheel does not ship roles/.
 DASHBOARD_PATH = (
-    Path(__file__).resolve().parents[2] / "roles/monitoring/files/dashboards/vllm-fleet.json"
+    Path(__file__).resolve().parents[3] / "roles/monitoring/files/dashboards/vllm-fleet.json"
 )
 
 MACROS = frozenset(

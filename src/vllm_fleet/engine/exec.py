@@ -25,16 +25,16 @@ from pathlib import Path
 
 import httpx
 
-from vllm_fleet import hold
-from vllm_fleet.engine_config import (
+from vllm_fleet.engine.config import (
     EngineConfig,
     advertise_url,
     engine_argv,
     engine_env,
     probe_host,
 )
-from vllm_fleet.model_check import check_model
-from vllm_fleet.router_client import RouterError, router_client
+from vllm_fleet.engine.model_check import check_model
+from vllm_fleet.router import hold
+from vllm_fleet.router.client import RouterError, router_client
 from vllm_fleet.sd_notify import notify
 
 PR_SET_CHILD_SUBREAPER = 36

@@ -11,7 +11,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from vllm_fleet.hashing import sha256_files
+from vllm_fleet.weights.hashing import sha256_files
 
 
 def lock_lines(wheelhouse: Path, exclude: set[str], workers: int = 4) -> list[str]:

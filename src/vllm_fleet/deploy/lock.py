@@ -6,7 +6,7 @@ descriptor open until the ansible-playbook process that took the lock is gone (s
 failure, Ctrl-C or SIGKILL alike); then the holder exits and the kernel frees the lock. The
 file holds a JSON record of the run that holds it, to name it to a run that is refused.
 
-Run as ``python -m vllm_fleet.deploy_lock hold LOCK_FD READY_FD PID TICKS``, it is that holder.
+Run as ``python -m vllm_fleet.deploy.lock hold LOCK_FD READY_FD PID TICKS``, it is that holder.
 """
 
 from __future__ import annotations
@@ -264,10 +264,10 @@ def start_holder(fd: int, owner: int, owner_ticks: int) -> int:
     a double-forked daemon. The package's own directory leads its path, so it runs this code.
     """
     ready_r, ready_w = os.pipe()
-    package_root = str(Path(__file__).resolve().parents[1])
+    package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "vllm_fleet.deploy_lock", "hold"]
+    argv = [sys.executable, "-m", "vllm_fleet.deploy.lock", "hold"]
     try:
         proc = subprocess.Popen(
             [*argv, str(fd), str(ready_w), str(owner), str(owner_ticks)],
@@ -310,7 +310,7 @@ def hold(lock_fd: int, ready_fd: int, owner: int, owner_ticks: int) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 5 or argv[0] != "hold":
-        print("usage: python -m vllm_fleet.deploy_lock hold LOCK_FD READY_FD PID TICKS")
+        print("usage: python -m vllm_fleet.deploy.lock hold LOCK_FD READY_FD PID TICKS")
         return 2
     lock_fd, ready_fd, owner, owner_ticks = (int(arg) for arg in argv[1:])
     return hold(lock_fd, ready_fd, owner, owner_ticks)

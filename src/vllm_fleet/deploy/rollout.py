@@ -1,7 +1,7 @@
 """How a playbook run moves a host's engine groups: what restarts, what drains first.
 
 The vllm_engine and fleet_upgrade roles call these (through their filter shims) so that the
-decision is made from the host's actual state (vllm_fleet.engine_state) and the whole fleet's
+decision is made from the host's actual state (vllm_fleet.engine.state) and the whole fleet's
 inventory, never from what one run happened to change.
 """
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from vllm_fleet import hold
+from vllm_fleet.router import hold
 
-# Reasons the playbooks give their holds (roles/fleet_upgrade, vllm_fleet.traffic callers).
+# Reasons the playbooks give their holds (roles/fleet_upgrade, vllm_fleet.router.traffic callers).
 # Any other reason is an operator's own hold (maintenance): reported, never lifted by a run.
 RUN_HOLD_PREFIXES = ("upgrade ", "rollout ")
 UNIT_TEMPLATE = "vllm-engine@{group}.service"

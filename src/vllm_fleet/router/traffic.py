@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from vllm_fleet import hold
-from vllm_fleet.engine_config import EngineConfig, advertise_url, probe_host
-from vllm_fleet.router_client import RouterError, normalize_url, router_client
+from vllm_fleet.engine.config import EngineConfig, advertise_url, probe_host
+from vllm_fleet.router import hold
+from vllm_fleet.router.client import RouterError, normalize_url, router_client
 from vllm_fleet.verify.engine_metrics import parse_families, value
 
 IN_FLIGHT = ("vllm:num_requests_running", "vllm:num_requests_waiting")

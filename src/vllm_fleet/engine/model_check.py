@@ -31,8 +31,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vllm_fleet.manifest import Manifest
-from vllm_fleet.weights import MANIFEST_NAME
+from vllm_fleet.weights.base import MANIFEST_NAME
+from vllm_fleet.weights.manifest import Manifest
 
 # vLLM prefers safetensors: with both indexes present (repos that ship both formats,
 # mirrored with only one), the .bin index describes files vLLM will not load.

@@ -1,4 +1,4 @@
-"""Fetch a model revision from a mirror into ``<root>/<name>/<revision>/``, verified.
+"""A model revision installed under ``<root>/<name>/<revision>/``, verified, whatever its source.
 
 Files land in a staging directory, each hashed while it is written; only a fully
 verified staging directory is renamed into place, and the ``current`` link moves
@@ -8,25 +8,19 @@ only after that. A failure leaves every existing revision untouched.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import httpx
-
-from vllm_fleet.hashing import BLOCK_SIZE, sha256_files
-from vllm_fleet.manifest import Manifest, ManifestFile, canonical_json
 from vllm_fleet.names import SAFE_NAME_RULE, is_safe_name
+from vllm_fleet.weights.hashing import sha256_files
+from vllm_fleet.weights.manifest import Manifest, canonical_json
 
 MANIFEST_NAME = ".vllm-fleet-manifest.json"
 STAMP_NAME = ".vllm-fleet-verified.json"
@@ -379,87 +373,6 @@ def prune(
     return PruneResult(kept=kept, removed=[old.name for old in removed])
 
 
-def _hash_prefix(dest: Path) -> tuple[Any, int]:
-    digest = hashlib.sha256()
-    done = 0
-    with dest.open("rb") as handle:
-        while block := handle.read(BLOCK_SIZE):
-            digest.update(block)
-            done += len(block)
-    return digest, done
-
-
-def download_resumable(client: httpx.Client, url: str, dest: Path, progress: Progress) -> str:
-    """Stream url into dest, hashing as it writes; returns the sha256 of the whole file.
-
-    A partial dest left by an interrupted run is continued with a Range request (its
-    bytes are hashed first); a server that ignores the range gets a fresh download.
-    A full disk is reported as such: the caller removes what was staged.
-    """
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    digest, offset = (hashlib.sha256(), 0)
-    if dest.is_file() and dest.stat().st_size > 0:
-        digest, offset = _hash_prefix(dest)
-    headers = {"Range": f"bytes={offset}-"} if offset else {}
-    try:
-        with client.stream("GET", url, headers=headers) as response:
-            if offset and response.status_code == 416:
-                # Already complete (or longer than the server's copy): start over, no range.
-                response.close()
-                dest.unlink()
-                return download_resumable(client, url, dest, progress)
-            response.raise_for_status()
-            resumed = offset and response.status_code == 206
-            if not resumed:
-                digest, offset = (hashlib.sha256(), 0)
-            else:
-                progress.add(offset)
-            with dest.open("ab" if resumed else "wb") as out:
-                # As received, not re-chunked: a buffered chunk would be lost when the
-                # connection drops, and a resume would fetch it again.
-                for block in response.iter_bytes():
-                    digest.update(block)
-                    out.write(block)
-                    progress.add(len(block))
-                out.flush()
-                os.fsync(out.fileno())
-    except httpx.HTTPError as err:
-        raise WeightsError(f"download of {url} failed: {err}") from err
-    except OSError as err:
-        if err.errno == errno.ENOSPC:
-            raise DiskFullError(
-                f"{dest.name}: no space left on device while writing {dest}"
-            ) from err
-        raise WeightsError(f"{dest.name}: cannot write {dest}: {err.strerror}") from err
-    return digest.hexdigest()
-
-
-class MirrorClient:
-    """Reads ``<base_url>/<revision>/...`` from an HTTP(S) mirror."""
-
-    def __init__(self, base_url: str, timeout: float = 60.0) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.client = httpx.Client(timeout=timeout, follow_redirects=True)
-
-    def url(self, revision: str, path: str) -> str:
-        return f"{self.base_url}/{revision}/{path}"
-
-    def manifest(self, revision: str) -> Manifest:
-        url = self.url(revision, "manifest.json")
-        try:
-            response = self.client.get(url)
-            response.raise_for_status()
-        except httpx.HTTPError as err:
-            raise WeightsError(f"cannot read manifest {url}: {err}") from err
-        return Manifest.model_validate_json(response.content)
-
-    def download(self, revision: str, path: str, dest: Path, progress: Progress) -> str:
-        return download_resumable(self.client, self.url(revision, path), dest, progress)
-
-    def close(self) -> None:
-        self.client.close()
-
-
 @dataclass(kw_only=True)
 class RevisionFetch:
     """Install one pinned revision of a model, whatever the source.
@@ -635,164 +548,6 @@ class RevisionFetch:
         else:
             staging.rename(self.target)
         return manifest
-
-
-@dataclass(kw_only=True)
-class MirrorFetch(RevisionFetch):
-    base_url: str
-
-    def _fetch_into_place(self) -> Manifest:
-        client = MirrorClient(self.base_url)
-        try:
-            manifest = client.manifest(self.revision)
-            actual_id = manifest.revision_id()
-            if actual_id != self.revision:
-                raise WeightsError(
-                    f"model {self.name}: manifest at {client.url(self.revision, 'manifest.json')} "
-                    f"has id {actual_id}, expected the pinned revision {self.revision}; "
-                    "the mirror content changed: re-pin the revision or restore the mirror"
-                )
-            if manifest.model != self.name:
-                raise WeightsError(
-                    f"model {self.name}: the mirror's manifest is for model {manifest.model!r}"
-                )
-            self._check_free_space(manifest.total_bytes)
-
-            def fill(staging: Path) -> Manifest:
-                self._download_all(client, manifest, staging)
-                return manifest
-
-            provenance = {"source": "mirror", "url": self.base_url, "revision": self.revision}
-            return self._install(fill, provenance)
-        finally:
-            client.close()
-
-    def _download_all(self, client: MirrorClient, manifest: Manifest, staging: Path) -> None:
-        download_checked(
-            manifest,
-            staging,
-            lambda path, dest, progress: client.download(self.revision, path, dest, progress),
-            progress=Progress(
-                manifest.total_bytes, f"fetch {self.name}@{self.revision[:12]}", self.report
-            ),
-            workers=self.workers,
-            where=f"model {self.name} revision {self.revision} from {self.base_url}",
-            fix="Fix the mirror copy (or the pinned revision) and re-run.",
-        )
-
-
-Downloader = Callable[[str, Path, Progress], str]
-
-
-def download_checked(
-    manifest: Manifest,
-    staging: Path,
-    download: Downloader,
-    *,
-    progress: Progress,
-    workers: int,
-    where: str,
-    fix: str,
-) -> None:
-    """Download every manifest file into staging, in parallel, each checked as it lands.
-
-    A file that fails its size or sha256 check is deleted (a resume must not continue
-    bad bytes); one whose download broke off stays, to be resumed. Every file's problem
-    is reported, not only the first. A full disk stops everything at once.
-    """
-    problems: list[str] = []
-
-    def one(entry: ManifestFile) -> None:
-        dest = staging / entry.path
-        if dest.is_file() and dest.stat().st_size > entry.size:
-            dest.unlink()  # longer than the manifest says: not a prefix of the right file
-        try:
-            got = download(entry.path, dest, progress)
-        except DiskFullError:
-            raise
-        except WeightsError as err:
-            problems.append(f"{entry.path}: {err}")
-            return
-        size = dest.stat().st_size
-        if size != entry.size:
-            problems.append(f"{entry.path}: size {size}, expected {entry.size}")
-            dest.unlink()
-        elif got != entry.sha256:
-            problems.append(f"{entry.path}: sha256 mismatch: expected {entry.sha256}, got {got}")
-            dest.unlink()
-
-    # Largest first, so one big file does not start last and run alone.
-    ordered = sorted(manifest.files, key=lambda e: e.size, reverse=True)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        list(pool.map(one, ordered))
-    if problems:
-        raise WeightsError(
-            f"{where}: "
-            + "; ".join(sorted(problems))
-            + f". Nothing was installed; the previous revision stays in place. {fix}"
-        )
-
-
-@dataclass(kw_only=True)
-class CacheFetch(RevisionFetch):
-    """A revision the fleet's cache host fetched from upstream (hf, modelscope) once.
-
-    The cache host serves its models root over HTTP: ``<base_url>/<name>/<revision>/``
-    holds the files and the manifest it wrote after verifying them against the
-    upstream's hashes. This host downloads from there and checks every byte against
-    that manifest, and the manifest's provenance against what the inventory pins.
-    """
-
-    base_url: str
-    upstream: dict[str, object]
-
-    def wanted(self) -> dict[str, object]:
-        return self.upstream
-
-    def _fetch_into_place(self) -> Manifest:
-        url = f"{self.base_url.rstrip('/')}/{self.name}/{self.revision}"
-        client = httpx.Client(timeout=60.0, follow_redirects=True)
-        try:
-            try:
-                response = client.get(f"{url}/{MANIFEST_NAME}")
-                response.raise_for_status()
-                stored = json.loads(response.content)
-                manifest = Manifest.model_validate(stored)
-            except (httpx.HTTPError, ValueError) as err:
-                raise WeightsError(
-                    f"model {self.name}: cannot read the cache host's manifest "
-                    f"{url}/{MANIFEST_NAME}: {err}; is the cache play done and its server up?"
-                ) from err
-            problems = provenance_problems(stored, self.upstream)
-            if problems:
-                raise WeightsError(
-                    f"model {self.name}: the cache host holds a different copy at {url}: "
-                    + "; ".join(problems)
-                    + ". Re-run the cache play (site.yml --tags weights) and then this host."
-                )
-            self._check_free_space(manifest.total_bytes)
-
-            def fill(staging: Path) -> Manifest:
-                download_checked(
-                    manifest,
-                    staging,
-                    lambda path, dest, progress: download_resumable(
-                        client, f"{url}/{path}", dest, progress
-                    ),
-                    progress=Progress(
-                        manifest.total_bytes,
-                        f"fetch {self.name}@{self.revision[:12]} from cache",
-                        self.report,
-                    ),
-                    workers=self.workers,
-                    where=f"model {self.name} revision {self.revision} from the cache {url}",
-                    fix="Check the cache host's copy (vllm-fleet weights verify --full), re-run.",
-                )
-                return manifest
-
-            return self._install(fill, {**self.upstream, "revision": self.revision, "via": url})
-        finally:
-            client.close()
 
 
 def provenance_problems(stored: dict[str, object], wanted: dict[str, object]) -> list[str]:

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vllm_fleet.names import SAFE_NAME
-from vllm_fleet.router_client import RouterTarget
+from vllm_fleet.router.client import RouterTarget
 
 Accelerator = Literal["cpu", "cuda", "ascend"]
 

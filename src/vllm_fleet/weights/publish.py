@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from vllm_fleet.manifest import build_manifest
+from vllm_fleet.weights.manifest import build_manifest
 
 
 def publish(model: str, source: Path, model_mirror_dir: Path, workers: int = 4) -> str:

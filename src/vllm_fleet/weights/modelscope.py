@@ -44,17 +44,11 @@ from typing import Any
 
 import httpx
 
-from vllm_fleet.hashing import BLOCK_SIZE
-from vllm_fleet.manifest import Manifest, ManifestFile
-from vllm_fleet.model_pins import is_commit
-from vllm_fleet.weights import (
-    MANIFEST_NAME,
-    STAMP_NAME,
-    DiskFullError,
-    Progress,
-    WeightsError,
-)
-from vllm_fleet.weights_remote import RemoteFetch, scrub_token
+from vllm_fleet.weights.base import MANIFEST_NAME, STAMP_NAME, DiskFullError, Progress, WeightsError
+from vllm_fleet.weights.hashing import BLOCK_SIZE
+from vllm_fleet.weights.manifest import Manifest, ManifestFile
+from vllm_fleet.weights.pins import is_commit
+from vllm_fleet.weights.remote import RemoteFetch, scrub_token
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 DEFAULT_ENDPOINT = "https://www.modelscope.cn"
