@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e e2e-all chaos matrix test test-all bench bench-router bench-upgrade bench-hash plan clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e e2e-all chaos matrix test test-all bench bench-router bench-upgrade bench-hash drift clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -31,8 +31,8 @@ lab: prepare ## bring up the lab fleet and run site.yml against it (LAB_ENGINE_C
 	$(BIN)/ansible-playbook lab/lab.yml -e lab_engine_cpus=$(LAB_ENGINE_CPUS)
 	$(BIN)/ansible-playbook site.yml
 
-plan: venv ## site.yml --check --diff against the inventory: per-host changes; exit 2 on drift
-	$(BIN)/vllm-fleet plan
+drift: venv ## site.yml --check --diff against the inventory: per-host changes; exit 2 on drift
+	$(BIN)/vllm-fleet drift
 
 lab-down: collections ## remove the lab's containers and network (nothing else)
 	$(BIN)/ansible-playbook lab/lab.yml -e lab_state=absent

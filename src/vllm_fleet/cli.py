@@ -199,17 +199,17 @@ def _cmd_traffic_release(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from vllm_fleet.deploy.drift import FAILED, default_out_dir, plan
+def _cmd_drift(args: argparse.Namespace) -> int:
+    from vllm_fleet.deploy.drift import FAILED, default_out_dir, drift
 
     root = Path(args.root).resolve()
     out_dir = Path(args.out) if args.out else default_out_dir(root)
-    result = plan(args.playbook, out_dir, args.ansible_args, root)
+    result = drift(args.playbook, out_dir, args.ansible_args, root)
     print("\n" + result.markdown.split("\n## ")[0].rstrip())
-    print(f"plan: {out_dir / 'plan.md'}, {out_dir / 'plan.json'}")
+    print(f"drift: {out_dir / 'drift.md'}, {out_dir / 'drift.json'}")
     if result.status == FAILED and not result.hosts:
         _stderr(
-            f"plan: ansible-playbook exited {result.playbook_rc}; see {out_dir / 'ansible.log'}"
+            f"drift: ansible-playbook exited {result.playbook_rc}; see {out_dir / 'ansible.log'}"
         )
     return result.status
 
@@ -284,18 +284,18 @@ def _add_wheelhouse(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=_cmd_wheelhouse)
 
 
-def _add_plan(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_drift(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "plan",
+        "drift",
         help="site.yml --check --diff: what would change per host; exit 0 none, 2 drift, 1 failed",
     )
     p.add_argument("--playbook", default="site.yml")
     p.add_argument("--root", default=".", help="the bundle's directory (ansible.cfg)")
-    p.add_argument("--out", help="report directory (default reports/plan-<time>/)")
+    p.add_argument("--out", help="report directory (default reports/drift-<time>/)")
     p.add_argument(
         "ansible_args", nargs="*", help="passed to ansible-playbook (after --), e.g. --limit"
     )
-    p.set_defaults(func=_cmd_plan)
+    p.set_defaults(func=_cmd_drift)
 
     p = sub.add_parser(
         "apply",
@@ -372,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_watchdog)
 
     _add_traffic(sub)
-    _add_plan(sub)
+    _add_drift(sub)
     _add_lock_resolve(sub)
     _add_wheelhouse(sub)
 

@@ -14,7 +14,7 @@ import yaml
 from tests.lab.conftest import ROOT, in_host
 
 PIPELINE = ROOT / "examples/pipelines/gitlab-ci.yml"
-PLAN_MD = ROOT / "reports/plan/plan.md"
+DRIFT_MD = ROOT / "reports/drift/drift.md"
 TIMER = "/etc/systemd/system/vllm-fleet-verify.timer"
 
 
@@ -29,10 +29,10 @@ def run_job(name: str, **env: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def plan_rows(plan: str) -> dict[str, tuple[int, int]]:
-    """host -> (would change, failed) from the plan's table."""
+def drift_rows(report: str) -> dict[str, tuple[int, int]]:
+    """host -> (would change, failed) from the drift report's table."""
     rows = {}
-    for line in plan.splitlines():
+    for line in report.splitlines():
         cells = [c.strip() for c in line.strip("|").split("|")]
         if len(cells) == 3 and cells[1].isdigit():
             rows[cells[0]] = (int(cells[1]), int(cells[2]))
@@ -57,13 +57,13 @@ def test_every_host_records_the_commit_it_runs(fresh_lab):
     assert f"| engine01 | g0 | cpu-vllm-0.32.0 | {head()[:12]}" in reports[-1].read_text()
 
 
-# make test: the hand-edit case below shows a converged engine host planning no change.
+# make test: the hand-edit case below shows a converged engine host with no change.
 @pytest.mark.full
 def test_drift_job_finds_nothing_on_a_converged_lab(fresh_lab):
-    """Also the check-mode run on a converged fleet: the job's plan is site.yml --check --diff."""
+    """Also the check-mode run on a converged fleet: the job's drift check is site.yml --check --diff."""
     job = run_job("drift")
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
-    assert PLAN_MD.read_text().startswith("# Plan: no drift")
+    assert DRIFT_MD.read_text().startswith("# Drift check: no drift")
 
 
 @pytest.fixture(scope="module")
@@ -81,15 +81,15 @@ def hand_edited_timer(fresh_lab) -> Iterator[str]:
 def test_a_hand_edited_unit_is_drift_named_by_host_and_file(hand_edited_timer):
     job = run_job("drift")
     assert job.returncode == 2, job.stdout[-3000:]
-    plan = PLAN_MD.read_text()
-    assert plan.startswith("# Plan: drift")
-    rows = plan_rows(plan)
+    report = DRIFT_MD.read_text()
+    assert report.startswith("# Drift check: drift")
+    rows = drift_rows(report)
     assert rows["router01"][0] >= 1
-    # The converged engine hosts plan nothing: check mode on a fleet that matches its
+    # The converged engine hosts would change nothing: check mode on a fleet that matches its
     # inventory reports no change.
     assert rows["engine01"] == rows["engine02"] == (0, 0)
-    assert f"Install the scheduled verification [vllm-fleet-verify.timer]: {TIMER}" in plan
-    assert "-OnCalendar=hourly" in plan and "+OnCalendar=daily" in plan
+    assert f"Install the scheduled verification [vllm-fleet-verify.timer]: {TIMER}" in report
+    assert "-OnCalendar=hourly" in report and "+OnCalendar=daily" in report
     # Check mode showed the change and made none.
     assert "OnCalendar=hourly" in in_host("router01", "cat", TIMER).stdout
 

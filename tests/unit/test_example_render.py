@@ -47,9 +47,9 @@ def render(inventory: str, tmp_path: Path) -> list[dict]:
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
-        # The bundle's plan callback records each changed task's diff (rendered text).
-        "ANSIBLE_CALLBACKS_ENABLED": "vllm_fleet_plan",
-        "VLLM_FLEET_PLAN_OUT": str(tmp_path / "plan.json"),
+        # The bundle's drift callback records each changed task's diff (rendered text).
+        "ANSIBLE_CALLBACKS_ENABLED": "vllm_fleet_drift",
+        "VLLM_FLEET_DRIFT_OUT": str(tmp_path / "drift.json"),
         "ANSIBLE_ROLES_PATH": str(ROOT / "roles"),
     }
     run = subprocess.run(
@@ -67,7 +67,7 @@ def render(inventory: str, tmp_path: Path) -> list[dict]:
         cwd=ROOT, capture_output=True, text=True, check=False, env=env,
     )  # fmt: skip
     assert run.returncode == 0, (run.stdout[-4000:], run.stderr[-2000:])
-    return json.loads((tmp_path / "plan.json").read_text())["hosts"]
+    return json.loads((tmp_path / "drift.json").read_text())["hosts"]
 
 
 def rendered(plan: dict, task_name: str) -> dict[str, list[dict]]:

@@ -67,12 +67,12 @@ def test_every_command_exists_in_the_bundle(job, commands):
 
 
 @pytest.mark.parametrize("source", [github_commands, gitlab_commands])
-def test_each_pipeline_plans_on_review_applies_on_main_and_checks_drift(source):
+def test_each_pipeline_reviews_drift_applies_on_main_and_checks_drift(source):
     jobs = {name: " ".join(commands) for name, commands in source().items()}
-    review, apply_, drift = jobs["plan"], jobs["apply"], jobs["drift"]
-    assert "playbooks/preflight.yml" in review and "vllm-fleet plan" in review
-    # On review, drift (exit 2) is the point of the plan, not a failure.
+    review, apply_, drift = jobs["review"], jobs["apply"], jobs["drift"]
+    assert "playbooks/preflight.yml" in review and "vllm-fleet drift" in review
+    # On review, drift (exit 2) is the point of the review, not a failure.
     assert "|| test $? -eq 2" in review
     # The base is what each host records as deployed, not the previous push.
     assert "vllm-fleet apply --inventory" in apply_ and "--since" not in apply_
-    assert "vllm-fleet plan" in drift and "||" not in drift
+    assert "vllm-fleet drift" in drift and "||" not in drift

@@ -1,7 +1,7 @@
-"""`vllm-fleet plan`: what site.yml would change on each host, and whether the fleet drifted.
+"""`vllm-fleet drift`: what site.yml would change on each host, and whether the fleet drifted.
 
 Runs the playbook with --check --diff (preflight first, as site.yml imports it) and the
-vllm_fleet_plan callback, then writes a per-host summary (Markdown + JSON) to the reports
+vllm_fleet_drift callback, then writes a per-host summary (Markdown + JSON) to the reports
 directory. Exit status: 0 nothing would change, 2 drift (some host would change),
 1 the run failed (preflight refused the inventory, a host was unreachable, a task failed).
 """
@@ -23,7 +23,7 @@ DIFF_LINES = 40
 
 
 @dataclass
-class PlanResult:
+class DriftResult:
     status: int
     hosts: dict[str, dict[str, list[dict[str, Any]]]]
     playbook_rc: int
@@ -63,7 +63,7 @@ def status_of(hosts: dict[str, dict[str, list[dict[str, Any]]]], playbook_rc: in
 
 def render_markdown(hosts: dict[str, dict[str, list[dict[str, Any]]]], status: int) -> str:
     verdict = {NO_DRIFT: "no drift", DRIFT: "drift", FAILED: "failed"}[status]
-    out = [f"# Plan: {verdict}", "", "| host | would change | failed |", "|---|---|---|"]
+    out = [f"# Drift check: {verdict}", "", "| host | would change | failed |", "|---|---|---|"]
     for host in sorted(hosts):
         h = hosts[host]
         out.append(f"| {host} | {len(h['changed'])} | {len(h['failed'])} |")
@@ -85,9 +85,9 @@ def render_markdown(hosts: dict[str, dict[str, list[dict[str, Any]]]], status: i
     return "\n".join(out) + "\n"
 
 
-def plan(
+def drift(
     playbook: str, out_dir: Path, extra: list[str], root: Path, stream: bool = True
-) -> PlanResult:
+) -> DriftResult:
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = out_dir / "callback.json"
@@ -96,8 +96,8 @@ def plan(
     env = dict(
         os.environ,
         # Added to, not replacing, callbacks the operator enabled through the environment.
-        ANSIBLE_CALLBACKS_ENABLED=",".join(filter(None, [enabled, "vllm_fleet_plan"])),
-        VLLM_FLEET_PLAN_OUT=str(raw),
+        ANSIBLE_CALLBACKS_ENABLED=",".join(filter(None, [enabled, "vllm_fleet_drift"])),
+        VLLM_FLEET_DRIFT_OUT=str(raw),
     )
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), playbook, "--check", "--diff"]
     with (out_dir / "ansible.log").open("w") as log:
@@ -113,20 +113,20 @@ def plan(
         rc = proc.wait()
     if not raw.exists():
         # Without the callback's record nothing is known: never report "no drift" then.
-        missing = f"the vllm_fleet_plan callback wrote nothing (ansible-playbook exit {rc})"
-        markdown = f"# Plan: failed\n\n{missing}; see ansible.log\n"
-        (out_dir / "plan.md").write_text(markdown)
-        (out_dir / "plan.json").write_text(json.dumps({"status": "failed", "hosts": {}}) + "\n")
-        return PlanResult(FAILED, {}, rc, markdown)
+        missing = f"the vllm_fleet_drift callback wrote nothing (ansible-playbook exit {rc})"
+        markdown = f"# Drift check: failed\n\n{missing}; see ansible.log\n"
+        (out_dir / "drift.md").write_text(markdown)
+        (out_dir / "drift.json").write_text(json.dumps({"status": "failed", "hosts": {}}) + "\n")
+        return DriftResult(FAILED, {}, rc, markdown)
     hosts = json.loads(raw.read_text())["hosts"]
     raw.unlink()
     status = status_of(hosts, rc)
     markdown = render_markdown(hosts, status)
-    (out_dir / "plan.md").write_text(markdown)
+    (out_dir / "drift.md").write_text(markdown)
     summary = {"status": {0: "no-drift", 1: "failed", 2: "drift"}[status], "hosts": hosts}
-    (out_dir / "plan.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    return PlanResult(status, hosts, rc, markdown)
+    (out_dir / "drift.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    return DriftResult(status, hosts, rc, markdown)
 
 
 def default_out_dir(root: Path) -> Path:
-    return root / "reports" / f"plan-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    return root / "reports" / f"drift-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"

@@ -1,6 +1,6 @@
-"""`vllm-fleet plan`: a real ansible-playbook --check --diff run on the controller, with the
+"""`vllm-fleet drift`: a real ansible-playbook --check --diff run on the controller, with the
 bundle's callback, tells drift (exit 2) from none (0) and from failure (1), and names the
-file and the change; a no_log task's content never reaches the plan."""
+file and the change; a no_log task's content never reaches the report."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from vllm_fleet.deploy.drift import DRIFT, FAILED, NO_DRIFT, plan
+from vllm_fleet.deploy.drift import DRIFT, FAILED, NO_DRIFT, drift
 
 LOCAL = ["-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
 
@@ -23,7 +23,7 @@ def bundle_config(monkeypatch):
 
 
 def write_play(tmp_path: Path, tasks: list[dict[str, object]]) -> str:
-    play = [{"name": "Plan test", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
+    play = [{"name": "Drift test", "hosts": "localhost", "gather_facts": False, "tasks": tasks}]
     path = tmp_path / "play.yml"
     path.write_text(yaml.safe_dump(play, sort_keys=False))
     return str(path)
@@ -42,14 +42,14 @@ def test_an_edited_file_is_drift_with_its_name_and_diff(tmp_path):
     unit.write_text("[Service]\nExecStart=/bin/edited-by-hand\n")
     play = write_play(tmp_path, [unit_task(unit, "[Service]\nExecStart=/bin/declared\n")])
 
-    result = plan(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
+    result = drift(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
 
     assert result.status == DRIFT
     (change,) = result.hosts["localhost"]["changed"]
     assert change["task"] == "Install the unit"
     assert change["diffs"][0]["after_header"] == str(unit)
-    markdown = (tmp_path / "out/plan.md").read_text()
-    assert markdown.startswith("# Plan: drift")
+    markdown = (tmp_path / "out/drift.md").read_text()
+    assert markdown.startswith("# Drift check: drift")
     assert f"- would change: - / Install the unit: {unit}" in markdown
     assert "-ExecStart=/bin/edited-by-hand" in markdown
     assert "+ExecStart=/bin/declared" in markdown
@@ -63,28 +63,28 @@ def test_a_converged_host_is_no_drift(tmp_path):
     unit.chmod(0o644)
     play = write_play(tmp_path, [unit_task(unit, "[Service]\n")])
 
-    result = plan(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
+    result = drift(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
 
     assert result.status == NO_DRIFT
     assert result.hosts == {"localhost": {"changed": [], "failed": []}}
     assert "| localhost | 0 | 0 |" in result.markdown
 
 
-def test_a_failed_task_fails_the_plan(tmp_path):
+def test_a_failed_task_fails_the_drift_check(tmp_path):
     task = {"name": "Refuse", "ansible.builtin.fail": {"msg": "fleet_router.port=0 is not a port"}}
-    result = plan(write_play(tmp_path, [task]), tmp_path / "out", LOCAL, tmp_path, stream=False)
+    result = drift(write_play(tmp_path, [task]), tmp_path / "out", LOCAL, tmp_path, stream=False)
 
     assert result.status == FAILED
     assert "- FAILED: - / Refuse: fleet_router.port=0 is not a port" in result.markdown
 
 
-def test_a_no_log_change_keeps_its_content_out_of_the_plan(tmp_path):
-    secret = "sk-plan-test-0123456789abcdef"
+def test_a_no_log_change_keeps_its_content_out_of_the_report(tmp_path):
+    secret = "sk-drift-test-0123456789abcdef"
     env_file = tmp_path / "g0.env"
     env_file.write_text("VLLM_API_KEY=old\n")
     play = write_play(tmp_path, [unit_task(env_file, f"VLLM_API_KEY={secret}\n", no_log=True)])
 
-    result = plan(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
+    result = drift(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
 
     assert result.status == DRIFT
     for written in (tmp_path / "out").iterdir():
@@ -101,7 +101,7 @@ def test_a_template_change_names_its_destination_not_the_rendered_temp_file(tmp_
         "vars": {"schedule": "daily"},
     }
 
-    result = plan(write_play(tmp_path, [task]), tmp_path / "out", LOCAL, tmp_path, stream=False)
+    result = drift(write_play(tmp_path, [task]), tmp_path / "out", LOCAL, tmp_path, stream=False)
 
     assert result.status == DRIFT
     assert f"- would change: - / Install the timer: {timer}\n" in result.markdown
@@ -109,7 +109,7 @@ def test_a_template_change_names_its_destination_not_the_rendered_temp_file(tmp_
     assert "-OnCalendar=hourly" in result.markdown and "+OnCalendar=daily" in result.markdown
 
 
-def test_without_the_callbacks_record_the_plan_fails_instead_of_saying_no_drift(
+def test_without_the_callbacks_record_the_drift_check_fails_instead_of_saying_no_drift(
     tmp_path, monkeypatch
 ):
     # The callback cannot be found: the playbook itself runs fine and changes nothing.
@@ -119,8 +119,8 @@ def test_without_the_callbacks_record_the_plan_fails_instead_of_saying_no_drift(
     unit.chmod(0o644)
     play = write_play(tmp_path, [unit_task(unit, "[Service]\n")])
 
-    result = plan(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
+    result = drift(play, tmp_path / "out", LOCAL, tmp_path, stream=False)
 
     assert result.playbook_rc == 0
     assert result.status == FAILED
-    assert result.markdown.startswith("# Plan: failed")
+    assert result.markdown.startswith("# Drift check: failed")

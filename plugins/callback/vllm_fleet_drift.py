@@ -1,7 +1,7 @@
 """Record, per host, the tasks that changed (or would change in --check) and their diffs.
 
-Enabled only by `vllm-fleet plan` (ANSIBLE_CALLBACKS_ENABLED=vllm_fleet_plan), next to the
-normal output; writes JSON to $VLLM_FLEET_PLAN_OUT when the run ends.
+Enabled only by `vllm-fleet drift` (ANSIBLE_CALLBACKS_ENABLED=vllm_fleet_drift), next to the
+normal output; writes JSON to $VLLM_FLEET_DRIFT_OUT when the run ends.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any
 from ansible.plugins.callback import CallbackBase
 
 DOCUMENTATION = """
-name: vllm_fleet_plan
+name: vllm_fleet_drift
 type: aggregate
-short_description: per-host changed tasks and diffs, as JSON, for vllm-fleet plan
+short_description: per-host changed tasks and diffs, as JSON, for vllm-fleet drift
 description:
   - Writes every changed, failed or unreachable task result per host to a JSON file.
 options:
   out:
     description: Where to write the JSON.
     env:
-      - name: VLLM_FLEET_PLAN_OUT
+      - name: VLLM_FLEET_DRIFT_OUT
 requirements:
   - enabled in ANSIBLE_CALLBACKS_ENABLED
 """
@@ -70,7 +70,7 @@ def _changes(result: dict[str, Any]) -> list[dict[str, Any]]:
 class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
-    CALLBACK_NAME = "vllm_fleet_plan"
+    CALLBACK_NAME = "vllm_fleet_drift"
     CALLBACK_NEEDS_ENABLED = True
 
     def __init__(self) -> None:
@@ -109,7 +109,7 @@ class CallbackModule(CallbackBase):
         self._host(result._host.get_name())["failed"].append({**self._task(result), "msg": message})
 
     def v2_playbook_on_stats(self, stats: Any) -> None:
-        out = os.environ.get("VLLM_FLEET_PLAN_OUT")
+        out = os.environ.get("VLLM_FLEET_DRIFT_OUT")
         if not out:
             return
         for host in stats.processed:
