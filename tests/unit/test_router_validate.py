@@ -16,16 +16,50 @@ from tests.support.paths import ROOT
 from tests.support.playbook import run_play
 
 RELEASES = yaml.safe_load((ROOT / "catalog/routers.yml").read_text())["fleet_router_releases"]
+MODELS = {
+    "smollm2-135m": {"served_name": "smollm2"},
+    "smollm2-360m": {"served_name": "smollm2-big"},
+    "smollm2-135m-b": {"served_name": "smollm2"},
+}
 
 
-def validate(tmp_path: Path, fleet_router: dict[str, object]) -> subprocess.CompletedProcess[str]:
+def validate(
+    tmp_path: Path,
+    fleet_router: dict[str, object],
+    engines: dict[str, list[dict[str, object]]] | None = None,
+    expect_multi_model: bool | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """The role's validation on router01; ``engines``: engine host -> its groups (an
+    inventory with them, models from MODELS)."""
     variables = {
         "fleet_router": fleet_router,
         "fleet_router_releases": RELEASES,
         "fleet_router_client_key": "client-key-0123456789",
         "fleet_router_control_key": "control-key-0123456789",
+        "fleet_models": MODELS,
     }
     (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
+    inventory = "router01,"
+    if engines is not None:
+        hosts = {h: {"fleet_engine_groups": g} for h, g in engines.items()}
+        layout = {
+            "all": {
+                "children": {"routers": {"hosts": {"router01": {}}}, "engines": {"hosts": hosts}}
+            }
+        }
+        (tmp_path / "hosts.yml").write_text(yaml.safe_dump(layout))
+        inventory = str(tmp_path / "hosts.yml")
+    checks = []
+    if expect_multi_model is not None:
+        checks.append(
+            {
+                "name": "The mode the validation chose",
+                "ansible.builtin.assert": {
+                    "that": f"router_multi_model | bool == {expect_multi_model}",
+                    "fail_msg": "router_multi_model={{ router_multi_model }}",
+                },
+            }
+        )
     play = [
         {
             "name": "Validate router settings",
@@ -39,11 +73,12 @@ def validate(tmp_path: Path, fleet_router: dict[str, object]) -> subprocess.Comp
                         "name": "router",
                         "tasks_from": "validate.yml",
                     },
-                }
+                },
+                *checks,
             ],
         }
     ]
-    return run_play(tmp_path, play, inventory="router01,")
+    return run_play(tmp_path, play, inventory=inventory)
 
 
 def test_the_defaults_pass(tmp_path):
@@ -74,3 +109,45 @@ def test_vllm_router_beyond_private_networks_is_refused(tmp_path, address):
 def test_vllm_router_exposure_can_be_accepted_explicitly(tmp_path):
     settings = {"impl": "vllm", "bind_address": "0.0.0.0", "accept_unauthenticated_exposure": True}
     assert validate(tmp_path, settings).returncode == 0
+
+
+def group(model: str) -> list[dict[str, object]]:
+    return [{"name": "g0", "model": model, "max_num_seqs": 8}]
+
+
+def test_one_served_name_runs_the_regular_mode(tmp_path):
+    """Two models under one served name (a takeover half-way) are still one name."""
+    engines = {"engine01": group("smollm2-135m"), "engine02": group("smollm2-135m-b")}
+    run = validate(tmp_path, {}, engines, expect_multi_model=False)
+    assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_two_served_names_run_sglang_in_its_multi_model_mode(tmp_path):
+    engines = {"engine01": group("smollm2-135m"), "engine02": group("smollm2-360m")}
+    run = validate(tmp_path, {"impl": "sglang"}, engines, expect_multi_model=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_multi_model_can_be_set_ahead_of_a_second_model(tmp_path):
+    engines = {"engine01": group("smollm2-135m")}
+    run = validate(tmp_path, {"multi_model": True}, engines, expect_multi_model=True)
+    assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_multi_model_false_with_two_served_names_is_refused(tmp_path):
+    engines = {"engine01": group("smollm2-135m"), "engine02": group("smollm2-360m")}
+    run = validate(tmp_path, {"multi_model": False}, engines)
+    assert run.returncode != 0
+    assert "host router01: fleet_router.multi_model=false, and the engines serve smollm2, " in (
+        " ".join(run.stdout.split())
+    )
+
+
+def test_two_served_names_behind_vllm_router_are_refused(tmp_path):
+    engines = {"engine01": group("smollm2-135m"), "engine02": group("smollm2-360m")}
+    run = validate(tmp_path, {"impl": "vllm", "bind_address": "10.0.0.1"}, engines)
+    assert run.returncode != 0
+    assert (
+        "host router01: fleet_router.impl=vllm cannot route by model (multi_model: false in "
+        "catalog/routers.yml), and the engines serve smollm2, smollm2-big"
+    ) in " ".join(run.stdout.split())

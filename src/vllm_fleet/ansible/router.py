@@ -25,6 +25,18 @@ def address_scope(address: str) -> str:
     return "public"
 
 
+def served_names(groups: list[dict[str, object]], models: dict[str, object]) -> list[str]:
+    """The served names of these engine groups' models, each once, sorted (a model preflight
+    does not know is preflight's to name, not the router's)."""
+    names = set()
+    for group in groups:
+        model = models.get(str(group.get("model"))) if isinstance(group, dict) else None
+        if isinstance(model, dict) and model.get("served_name"):
+            names.add(str(model["served_name"]))
+    return sorted(names)
+
+
 FILTERS = {
     "router_address_scope": address_scope,
+    "router_served_names": served_names,
 }

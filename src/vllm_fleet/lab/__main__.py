@@ -46,6 +46,7 @@ def prepare(
         "wheelhouse": lambda: steps.wheelhouse(paths, LAB_STACK),
         "wheelhouse-extra": lambda: [steps.wheelhouse(paths, stack) for stack in extra],
         "router-wheelhouses": lambda: steps.router_wheelhouses(paths),
+        "router-vocab": lambda: steps.router_vocab(paths),
         "agent": lambda: steps.agent(paths),
         "model": lambda: check_pin(paths, steps.model(paths)),
         "secrets": lambda: steps.lab_secrets(paths),

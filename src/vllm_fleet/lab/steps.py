@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from vllm_fleet.lab import router_vocab as router_vocab_source
 from vllm_fleet.lab.paths import LabPaths
 from vllm_fleet.weights.publish import publish
 from vllm_fleet.wheels.lock import MANYLINUX_X86_64, lock_lines
@@ -143,6 +145,25 @@ def router_wheelhouses(paths: LabPaths) -> None:
         pip_args = ["--python-version", str(spec["python"]), "--implementation", "cp", *platform]
         lock = paths.repo / str(spec["lock"])
         download_locked(lock.read_text(), paths.wheels / str(spec["release"]), pip_args)
+
+
+def router_vocab(paths: LabPaths) -> None:
+    """The vocabulary of sglang-router's multi-model mode, on the mirror as a fleet publishes it
+    (router_vocab_url: <wheels>/router-vocab/), rebuilt from PyPI and checked by its sha256."""
+    releases = yaml.safe_load((paths.catalog / "routers.yml").read_text())["fleet_router_releases"]
+    for spec in releases.values():
+        vocab = spec.get("multi_model_vocab")
+        if not vocab:
+            continue
+        dest = paths.wheels / "router-vocab" / str(vocab["file"])
+        if dest.is_file() and hashlib.sha256(dest.read_bytes()).hexdigest() == vocab["sha256"]:
+            continue
+        wheel = downloaded_wheel(
+            router_vocab_source.SOURCE,
+            paths.downloads / "router-vocab",
+            router_vocab_source.SOURCE_PATTERN,
+        )
+        router_vocab_source.build(wheel, dest, str(vocab["sha256"]))
 
 
 def agent(paths: LabPaths) -> None:
