@@ -30,10 +30,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from tests.lab.conftest import (
+    CACHE,
     ENGINES,
     MATRIX,
     MATRIX_HEADER,
@@ -46,13 +48,16 @@ from tests.lab.conftest import (
 )
 from tests.lab.faults import ROUTER, secret, wait_until
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
+from vllm_fleet.lab.paths import LabPaths
 from vllm_fleet.lab.rotation import RotationSampler
+from vllm_fleet.weights.publish import publish
 
 VARIANT = "change-matrix"
 BASE = ROOT / "inventories" / "lab"
 MODEL = "smollm2-135m"
-SECOND = "smollm2-135m-b"  # the same weights under a second served name
+SECOND = "smollm2-135m-b"  # the same files, published under a second name
 SECOND_NAME = "smollm2-b"
+MODEL_NAME = "smollm2"
 
 Inventory = dict[str, Any]  # relative path of a YAML file -> its data
 
@@ -381,7 +386,7 @@ def any_hold() -> bool:
 
 def test_a_change_that_would_leave_a_served_name_without_engines_is_refused(matrix):
     """Both groups moved to a new served name at once: preflight refuses it before any host
-    changes, naming the safe sequence, and nothing on the hosts moved."""
+    changes, naming the safe sequences, and nothing on the hosts moved."""
 
     def both(inv: Inventory) -> None:
         models_of(inv)[SECOND] = {**models_of(inv)[MODEL], "served_name": SECOND_NAME}
@@ -395,6 +400,76 @@ def test_a_change_that_would_leave_a_served_name_without_engines_is_refused(matr
     assert "no engine group serves it after this change" in refused.output
     assert "fleet_retired_served_names: [smollm2]" in refused.output
     assert {host: engine_settings(host) for host in ENGINES} == before
+
+
+def test_a_second_model_beside_the_first_behind_one_router(matrix):
+    """engine02 moves to a second model with its own served name while clients of the first
+    keep being served (rolled behind a drain, the router already in its multi-model mode, so
+    it does not restart); then the router lists both names, every request for each name is
+    answered by that name's own engines (the regular mode sent about half to the other
+    model's, which answered 404), and the verification checks each name on its own engines.
+    Then engine02 goes back, its name retired, and the lab ends on its inventory's model."""
+
+    def beside(inv: Inventory) -> None:
+        models_of(inv)[SECOND] = second_model(models_of(inv)[MODEL], SECOND_NAME)
+        groups_of(inv, "engine02")[0]["model"] = SECOND
+
+    # Weights and the engine phases: the router does not change (already multi-model,
+    # and the admission limit follows max_num_seqs, which stay).
+    row, run = matrix.apply(
+        "second model beside the first", beside, rerun=False, tags="weights,engines,watchdog,record"
+    )
+    assert_row(row, run, matrix.inventory, rerun=False)
+    assert router_model_names() == sorted([MODEL_NAME, SECOND_NAME])
+    for name, engines in [(MODEL_NAME, ["engine01"]), (SECOND_NAME, ["engine02"])]:
+        assert answered_by_model(name, 16) == {name: 16}, name
+        assert rotation_of(name) == engines
+    verified = playbook("playbooks/verify.yml", "-i", str(write_inventory(matrix.inventory)))
+    assert verified.returncode == 0, verified.output[-4000:]
+    report = last_verify_report()
+    assert report["served_names"] == sorted([MODEL_NAME, SECOND_NAME]), report["served_names"]
+    assert report["verdict"] == "pass"
+
+    def back(inv: Inventory) -> None:
+        groups_of(inv, "engine02")[0]["model"] = MODEL
+        fleet_of(inv)["fleet_retired_served_names"] = [SECOND_NAME]
+
+    row, run = matrix.apply(
+        "  then the second model retired", back, rerun=False, tags="engines,watchdog,record"
+    )
+    assert_row(row, run, matrix.inventory, rerun=False)
+    assert engine_model_dirs() == dict.fromkeys(ENGINES, MODEL)
+    assert router_model_names() == [MODEL_NAME]
+
+
+def answered_by_model(name: str, count: int) -> dict[str, int]:
+    """Send count short chat requests for name through the router; the model each 200 named
+    (an engine of another model answers 404, which counts under its status)."""
+    headers = {"Authorization": f"Bearer {secret('router_client_key')}"}
+    body = {"model": name, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    seen: dict[str, int] = {}
+    with httpx.Client(timeout=120) as client:
+        for _ in range(count):
+            response = client.post(f"{ROUTER}/v1/chat/completions", headers=headers, json=body)
+            key = (
+                response.json()["model"]
+                if response.status_code == 200
+                else str(response.status_code)
+            )
+            seen[key] = seen.get(key, 0) + 1
+    return seen
+
+
+def rotation_of(name: str) -> list[str]:
+    """The engine hosts the router lists as healthy workers of name."""
+    headers = {"Authorization": f"Bearer {secret('router_control_key')}"}
+    listing = httpx.get(f"{ROUTER}/workers", headers=headers, timeout=10)
+    listing.raise_for_status()
+    return sorted(
+        httpx.URL(w["url"]).host
+        for w in listing.json()["workers"]
+        if w.get("model_id") == name and w.get("is_healthy")
+    )
 
 
 @pytest.mark.full
@@ -470,3 +545,59 @@ def edited(matrix: Matrix, edit: Callable[[Inventory], None]) -> Inventory:
     target = json.loads(json.dumps(matrix.inventory))
     edit(target)
     return target
+
+
+def second_model(first: dict[str, Any], served_name: str) -> dict[str, Any]:
+    """The second model, published to the lab mirror as an operator would
+    (`vllm-fleet weights publish`): the same files under their own name, so the mirror's
+    manifest names that model (a copy of the first entry is refused at fetch: the
+    manifest would be for the first model)."""
+    revision = publish(SECOND, CACHE / "converted" / MODEL, LabPaths.default().models / SECOND)
+    url = first["url"].rsplit("/", 1)[0] + f"/{SECOND}"
+    return {**first, "url": url, "revision": revision, "served_name": served_name}
+
+
+def last_verify_report() -> dict[str, Any]:
+    """The last run's fleet-wide verification (reports/<UTC stamp>/report.json)."""
+    return json.loads(sorted((ROOT / "reports").glob("2*/report.json"))[-1].read_text())
+
+
+def router_model_names() -> list[str]:
+    headers = {"Authorization": f"Bearer {secret('router_client_key')}"}
+    listing = httpx.get(f"{ROUTER}/v1/models", headers=headers, timeout=10)
+    listing.raise_for_status()
+    return sorted(m["id"] for m in listing.json()["data"])
+
+
+def engine_model_dirs() -> dict[str, str]:
+    """host -> the weights directory its group's engine loads (/srv/models/<model>/<rev>)."""
+    return {h: Path(engine_settings(h)["model_path"]).parent.name for h in ENGINES}
+
+
+@pytest.mark.full
+def test_a_new_model_takes_over_the_served_name(matrix):
+    """The model change that needs no client to move: a newly published model takes over
+    the old one's served name, rolled one host at a time
+    behind a drain under load, so clients asking for `smollm2` are answered throughout; then
+    the first model takes it back, so the lab ends on the inventory's model."""
+
+    def take_over(inv: Inventory) -> None:
+        models_of(inv)[SECOND] = second_model(models_of(inv)[MODEL], MODEL_NAME)
+        for host in ENGINES:
+            groups_of(inv, host)[0]["model"] = SECOND
+
+    def give_back(inv: Inventory) -> None:
+        for host in ENGINES:
+            groups_of(inv, host)[0]["model"] = MODEL
+
+    for change, edit, model in [
+        ("new model takes over the served name", take_over, SECOND),
+        ("first model takes it back", give_back, MODEL),
+    ]:
+        row, run = matrix.apply(change, edit)
+        assert_row(row, run, matrix.inventory)
+        assert engine_model_dirs() == dict.fromkeys(ENGINES, model)
+        report = last_verify_report()
+        assert report["served_names"] == [MODEL_NAME], report["served_names"]
+        assert report["verdict"] == "pass"
+        assert router_model_names() == [MODEL_NAME]

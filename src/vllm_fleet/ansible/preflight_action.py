@@ -142,7 +142,12 @@ class PreflightAction(ActionBase):
             for name in task_vars["groups"].get("engines", [])
             if "fleet_engine_groups" in all_hostvars[name]
         }
-        check_fleet_change(hosts, engine_hosts, outcome)
+        single_name = single_name_routers(
+            task_vars["groups"].get("routers", []),
+            all_hostvars,
+            self._render(task_vars.get("fleet_router_releases", {})),
+        )
+        check_fleet_change(hosts, engine_hosts, outcome, single_name)
         report = self._write_report(outcome, Path(args["report_dir"]))
         result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)
@@ -162,3 +167,21 @@ class PreflightAction(ActionBase):
         base.with_suffix(".json").write_text(report_json(outcome))
         base.with_suffix(".md").write_text(render_markdown(outcome))
         return base.with_suffix(".md")
+
+
+def single_name_routers(
+    routers: list[str], all_hostvars: Mapping[str, Mapping[str, object]], releases: object
+) -> dict[str, str]:
+    """Router host -> implementation, for the routers whose release cannot route by model
+    (``multi_model: false`` in catalog/routers.yml; an unknown one is the router role's to
+    refuse)."""
+    releases = releases if isinstance(releases, dict) else {}
+    out = {}
+    for name in routers:
+        hostvars = all_hostvars[name]
+        settings = raw(hostvars, "fleet_router") if "fleet_router" in hostvars else {}
+        impl = str(settings.get("impl", "sglang")) if isinstance(settings, dict) else "sglang"
+        release = releases.get(impl)
+        if isinstance(release, dict) and not release.get("multi_model", False):
+            out[name] = impl
+    return out

@@ -5,10 +5,17 @@ with what the inventory asks for across the whole fleet (every engine host of th
 not only those a ``--limit`` selected):
 
 - a served name that is served now and that no group serves afterwards: every client still
-  asking for it would get 404. The safe sequence is to add the new model beside the old one,
-  move the clients, then retire the old name by listing it in ``fleet_retired_served_names``;
+  asking for it would get 404. The safe sequence adds the new model beside the old one, moves
+  the clients, then retires the old name by listing it in ``fleet_retired_served_names``
+  (or the new model takes over the old one's served name, a rolling change);
 - a name listed there that the inventory still serves (the list would hide the next mistake);
-- one served name given to two different models: the routers would mix their answers.
+- one served name given to two different models: the routers would mix their answers;
+- more than one served name behind a router whose release cannot route by model
+  (``multi_model: false`` in catalog/routers.yml). The router role runs the others in their
+  multi-model mode when the fleet serves more than one name; in the regular mode a router
+  sends a request to any engine whatever model it names (measured with sglang-router 0.3.2
+  and two real engines: half of each name's requests got the other model's 404, and those
+  404s opened the engines' circuits).
 """
 
 from __future__ import annotations
@@ -70,7 +77,10 @@ def check_change(
     engine_hosts: Mapping[str, Mapping[str, object]],
     models: object,
     retired: object,
+    single_name_routers: Mapping[str, str] | None = None,
 ) -> list[Finding]:
+    """``single_name_routers``: router host -> its implementation, for routers that cannot
+    route by model."""
     models = models if isinstance(models, Mapping) else {}
     findings = _shared_names(models, _used_models(engine_hosts))
     retired_names = [str(r) for r in retired] if isinstance(retired, list) else []
@@ -85,6 +95,8 @@ def check_change(
             )
         )
     desired = desired_served_names(engine_hosts, models)
+    if single_name_routers and len(desired) > 1:
+        findings.append(_names_behind_routers(desired, single_name_routers))
     now: dict[str, list[RunningGroup]] = {}
     for group in running:
         now.setdefault(group.served_name, []).append(group)
@@ -99,8 +111,9 @@ def check_change(
                 name,
                 f"served now by {where}, and no engine group serves it after this change: "
                 "clients still asking for it would get 404",
-                "change it safely: first add the new model beside it (a group or host serving "
-                f"each), move the clients, then retire it with {RETIRED_KEY}: [{name}]",
+                "change it safely: first add the new model beside it (a group or host "
+                f"serving each), move the clients, then retire it with {RETIRED_KEY}: [{name}]; "
+                f"or give the new model served_name: {name} (it rolls one batch at a time)",
             )
         )
     for name in retired_names:
@@ -115,6 +128,22 @@ def check_change(
                 )
             )
     return findings
+
+
+def _names_behind_routers(desired: Mapping[str, list[str]], routers: Mapping[str, str]) -> Finding:
+    served = "; ".join(f"{name} by {', '.join(where)}" for name, where in sorted(desired.items()))
+    host, impl = sorted(routers.items())[0]
+    return Finding(
+        host,
+        "fleet_router.impl",
+        impl,
+        f"the engine groups behind the routers ({', '.join(sorted(routers))}) would serve "
+        f"{len(desired)} names ({served}), and this router cannot route by model "
+        "(multi_model: false in catalog/routers.yml): it would send requests to the other "
+        "model's engines, which answer 404",
+        "use impl: sglang (its multi-model mode routes each request by the model it names), "
+        "or serve one name behind these routers",
+    )
 
 
 def _used_models(engine_hosts: Mapping[str, Mapping[str, object]]) -> set[str]:
@@ -154,11 +183,19 @@ def check_fleet_change(
     hosts: list[HostInput],
     engine_hosts: Mapping[str, Mapping[str, object]],
     result: PreflightResult,
+    single_name_routers: Mapping[str, str] | None = None,
 ) -> None:
     """Add the change-safety findings to ``result``: ``hosts`` are the probed ones,
-    ``engine_hosts`` the variables of every engine host of the inventory."""
+    ``engine_hosts`` the variables of every engine host of the inventory,
+    ``single_name_routers`` the router hosts that cannot route by model (host -> impl)."""
     running = [g for h in hosts for g in running_groups(h.name, h.engine_settings)]
     first = hosts[0].variables if hosts else {}
     result.errors.extend(
-        check_change(running, engine_hosts, first.get("fleet_models"), first.get(RETIRED_KEY))
+        check_change(
+            running,
+            engine_hosts,
+            first.get("fleet_models"),
+            first.get(RETIRED_KEY),
+            single_name_routers,
+        )
     )

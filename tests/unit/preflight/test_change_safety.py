@@ -84,3 +84,37 @@ def test_unreadable_probe_results_are_skipped_not_fatal():
     broken = {"results": [{"item": {"path": "x.json"}, "content": "!!"}, {"skipped": True}]}
     assert running_groups("engine01", broken) == []
     assert running_groups("engine01", None) == []
+
+
+def test_two_served_names_behind_a_router_that_cannot_route_by_model_are_refused():
+    """vllm-router (multi_model: false) would send each request to any engine: the new
+    model beside the old one gets the other's 404s. Preflight names the router, its
+    implementation, each name's groups and the fix."""
+    beside = fleet(engine01="smollm2-360m", engine02="smollm2-135m")
+    findings = check_change(RUNNING, beside, MODELS, [], {"router01": "vllm"})
+    assert len(findings) == 1
+    text = str(findings[0])
+    assert text.startswith("router01: fleet_router.impl='vllm'")
+    assert "smollm2 by engine02/g0; smollm2-big by engine01/g0" in text
+    assert "cannot route by model" in text
+    assert "use impl: sglang" in text
+
+
+def test_one_served_name_behind_any_router_is_fine_and_so_is_a_takeover():
+    """A new model taking over the old one's served name serves one name throughout."""
+    models = {**MODELS, "smollm2-135m-b": {"served_name": "smollm2"}}
+    swapped = fleet(engine01="smollm2-135m-b", engine02="smollm2-135m-b")
+    assert check_change(RUNNING, swapped, models, [], {"router01": "vllm"}) == []
+    # Half-way (one host on each model) is a rolling change's state, never an inventory's.
+    half = fleet(engine01="smollm2-135m-b", engine02="smollm2-135m")
+    assert [f.key for f in check_change(RUNNING, half, models, [], {})] == [
+        "fleet_models.smollm2-135m-b.served_name"
+    ]
+
+
+def test_a_dropped_name_names_both_safe_sequences():
+    moved = fleet(engine01="smollm2-360m", engine02="smollm2-360m")
+    findings = check_change(RUNNING, moved, MODELS, [], {})
+    assert [f.value for f in findings] == ["smollm2"]
+    assert "first add the new model beside it" in findings[0].fix
+    assert "give the new model served_name: smollm2" in findings[0].fix

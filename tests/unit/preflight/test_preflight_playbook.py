@@ -60,3 +60,18 @@ def test_a_bad_example_is_refused_with_host_key_value_and_fix(tmp_path):
         "device 3 is also given to group a; fix: give each device to one group only"
     ) in run.stdout
     assert "no host was changed" in run.stdout
+
+
+def test_two_served_names_behind_a_router_that_cannot_route_by_model_are_refused(tmp_path):
+    """example-ascend serves two names behind sglang-router (multi-model mode: it passes
+    above); the same fleet behind vllm-router (multi_model: false) is refused, naming the
+    router, each name's groups and the fix."""
+    router = json.dumps({"fleet_router": {"impl": "vllm", "bind_address": "127.0.0.1"}})
+    run = preflight("example-ascend", tmp_path, "--check", "-e", router)
+    assert run.returncode != 0
+    assert "gw01.npu.example.internal: fleet_router.impl='vllm': " in run.stdout
+    assert (
+        "deepseek-v2-lite by atlas-01.npu.example.internal/deepseek, "
+        "atlas-02.npu.example.internal/deepseek"
+    ) in run.stdout
+    assert "use impl: sglang" in run.stdout
