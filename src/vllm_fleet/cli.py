@@ -395,7 +395,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unit-file", default="/etc/systemd/system/vllm-engine@.service")
     p.add_argument("--group", action="append", default=[], help="also report this group")
     p.set_defaults(func=_cmd_engine_state)
+
+    p = sub.add_parser(
+        "router-inflight", help="requests the router on this host is working on now (a number)"
+    )
+    p.add_argument("--metrics-url", required=True, help="the router's Prometheus endpoint")
+    p.add_argument("--metric", required=True, help="its in-flight gauge (catalog/routers.yml)")
+    p.set_defaults(func=_cmd_router_inflight)
     return parser
+
+
+def _cmd_router_inflight(args: argparse.Namespace) -> int:
+    from vllm_fleet.router.inflight import router_inflight
+
+    print(router_inflight(args.metrics_url, args.metric))
+    return 0
 
 
 def _cmd_engine_state(args: argparse.Namespace) -> int:

@@ -69,7 +69,8 @@ def test_every_engine_group_router_and_watchdog_is_a_target(rendered):
         "engine02:8100": {"fleet_host": "engine02", "fleet_group": "g0", "model_name": "smollm2"},
     }
     assert [c["targets"] for c in jobs["vllm-fleet-router"]["static_configs"]] == [
-        ["router01:29000"]
+        ["router01:29000"],
+        ["router02:29000"],
     ]
     assert [c["targets"] for c in jobs["vllm-fleet-watchdog"]["static_configs"]] == [
         ["engine01:9410"],

@@ -5,8 +5,10 @@ the inventory's fleet_router, else the router role's own defaults.
 """
 
 import json
+import re
 
 import jinja2
+import jinja2.nativetypes
 import pytest
 import yaml
 
@@ -34,11 +36,24 @@ def role_value(name, fleet_router):
     return environment().from_string(VERIFY_DEFAULTS[name]).render(fleet_verify_router=fleet_router)
 
 
-def render_verify_json(fleet_router):
+def router_address_values(fleet_router, hosts):
+    """fleet_verify_router_port/_address/_members as Ansible would template them."""
+    env = jinja2.nativetypes.NativeEnvironment(undefined=jinja2.StrictUndefined)
+    env.filters["regex_replace"] = lambda value, pattern, repl: re.sub(pattern, repl, value)
+    values = {"fleet_verify_router": fleet_router, "fleet_verify_router_hosts": hosts}
+    for name in (
+        "fleet_verify_router_port",
+        "fleet_verify_router_address",
+        "fleet_verify_router_members",
+    ):
+        values[name] = env.from_string(VERIFY_DEFAULTS[name]).render(values)
+    return values
+
+
+def render_verify_json(fleet_router, hosts=("router01",)):
     context = {name: role_value(name, fleet_router) for name in MIRRORED}
+    context |= router_address_values(fleet_router, list(hosts))
     context |= {
-        "fleet_verify_router": fleet_router,
-        "fleet_verify_router_hosts": ["router01"],
         "fleet_verify_models": {"smollm2-135m": {"served_name": "smollm2"}},
         "fleet_verify_engines": [
             {
@@ -73,6 +88,14 @@ def test_verify_json_carries_the_routers_deadline_and_admission_factor():
     default = render_verify_json({})
     assert default.router is not None
     assert default.router.request_timeout_seconds == 300
+
+
+def test_behind_a_vip_clients_use_it_and_every_router_is_checked_at_its_own_address():
+    alone = render_verify_json({"port": 30000})
+    assert (alone.router.url, alone.router.members) == ("http://router01:30000", [])
+    vip = render_verify_json({"vip": {"address": "10.89.0.100"}}, hosts=("router01", "router02"))
+    assert vip.router.url == "http://10.89.0.100:30000"
+    assert vip.router.members == ["http://router01:30000", "http://router02:30000"]
 
 
 def test_argument_specs_document_the_mirrored_settings():

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
+
+from vllm_fleet.router.vip import peers, vip_problems
 
 
 def address_scope(address: str) -> str:
@@ -36,7 +39,29 @@ def served_names(groups: list[dict[str, object]], models: dict[str, object]) -> 
     return sorted(names)
 
 
+def router_addresses(
+    hosts: list[str], hostvars: Mapping[str, Mapping[str, object]]
+) -> dict[str, str]:
+    """Router host -> its primary IPv4 address (gathered facts), for the VRRP peers."""
+    addresses = {}
+    for host in hosts:
+        facts = hostvars.get(host, {}).get("ansible_facts", {})
+        address = (
+            facts.get("default_ipv4", {}).get("address") if isinstance(facts, Mapping) else None
+        )
+        if not address:
+            raise AnsibleFilterError(
+                f"router host {host}: no primary IPv4 address in its facts (default_ipv4); "
+                "gather its network facts, or give it a default route"
+            )
+        addresses[host] = str(address)
+    return addresses
+
+
 FILTERS = {
+    "router_addresses": router_addresses,
+    "router_vip_peers": peers,
+    "router_vip_problems": vip_problems,
     "router_address_scope": address_scope,
     "router_served_names": served_names,
 }

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
+# Where the lab's clients reach the routers: their VIP (inventories/lab fleet_router.vip) on
+# the lab bridge, whichever router holds it.
+LAB_ROUTER_URL = "http://10.89.0.100:30000"
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,13 @@ IMAGE_PACKAGES = [
     "procps",
     "curl",
     "ca-certificates",
+    # The routers' virtual IP (fleet_router.vip): baked in, as an air-gapped host's mirror has it.
+    "keepalived",
+    "iputils-arping",
 ]
+# The image carries a digest of its package list: a list that changed rebuilds it.
+IMAGE_LABEL = "vllm-fleet.packages"
+IMAGE_DIGEST = hashlib.sha256(",".join(IMAGE_PACKAGES).encode()).hexdigest()[:16]
 DEBIAN_MIRROR = os.environ.get("LAB_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 ANSIBLE_DIST = "ansible>=12,<13"  # carries containers.podman; matches ansible-core 2.19
 LAB_MODEL = "smollm2-135m"
@@ -97,8 +103,26 @@ def collection(paths: LabPaths) -> None:
     log(f"containers.podman from {wheel.name} -> {target}")
 
 
+def image_digest() -> str:
+    """The package digest the built image carries ('' when there is none)."""
+    inspect = subprocess.run(
+        [
+            "podman",
+            "image",
+            "inspect",
+            "--format",
+            f'{{{{index .Labels "{IMAGE_LABEL}"}}}}',
+            BASE_IMAGE,
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    return inspect.stdout.strip() if inspect.returncode == 0 else ""
+
+
 def image(_paths: LabPaths) -> None:
-    if subprocess.run(["podman", "image", "exists", BASE_IMAGE], check=False).returncode == 0:
+    if image_digest() == IMAGE_DIGEST:
         return
     debootstrap = subprocess.Popen(
         [
@@ -119,6 +143,8 @@ def image(_paths: LabPaths) -> None:
             'CMD ["/lib/systemd/systemd"]',
             "--change",
             "STOPSIGNAL SIGRTMIN+3",
+            "--change",
+            f"LABEL {IMAGE_LABEL}={IMAGE_DIGEST}",
             "-",
             BASE_IMAGE,
         ],

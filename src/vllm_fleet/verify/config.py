@@ -58,7 +58,11 @@ class EngineSpec(_Strict):
 
 
 class RouterSpec(_Strict):
+    # Where clients send requests (the routers' VIP when there is one).
     url: str = Field(pattern=URL_PATTERN)
+    # Behind a VIP: each router at its own address; every one must serve, since any of them
+    # may hold the VIP next.
+    members: list[str] = Field(default_factory=list)
     policy: str
     # The router cuts a request (503) that runs longer than this (fleet_router's
     # request_timeout_seconds): the cross-talk load must finish well inside it.

@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import ValidationError
@@ -104,6 +105,10 @@ async def _run_view(
         router_smoke = smoke_router(client, cfg.router.url, keys.client, cfg)
         name = _named("smoke router", qualifier)
         checks.append(_renamed(await _guarded(name, router_smoke), name))
+        for member in cfg.router.members:
+            member_smoke = smoke_router(client, member, keys.client, cfg)
+            name = _named(f"smoke router {urlsplit(member).hostname}", qualifier)
+            checks.append(_renamed(await _guarded(name, member_smoke), name))
     name = _named("crosstalk", qualifier)
     checks.append(_renamed(await _guarded(name, run_crosstalk(cfg, keys)), name))
     for engine in cfg.engines:
