@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet.lab.client_load import ClientLoad
+from vllm_fleet.lab.paths import LAB_ROUTER_URL
 from vllm_fleet.lab.rotation import RotationSampler
 from vllm_fleet.lab.variants import inventory_variant, publish_revision, remove_revision
 
 ROOT = Path(__file__).resolve().parents[1]
 
 CACHE = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))
-ROUTER = "http://127.0.0.1:30000"
+ROUTER = LAB_ROUTER_URL
 ENGINES = {"engine01": "http://engine01:8100", "engine02": "http://engine02:8100"}
 MODEL = "smollm2"
 VARIANT = "upgrade-bench"

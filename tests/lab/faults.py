@@ -9,8 +9,11 @@ import httpx
 
 from tests.lab.conftest import ROOT, in_host
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
+from vllm_fleet.lab.paths import LAB_ROUTER_URL
 
-ROUTER = "http://127.0.0.1:30000"
+ROUTER = LAB_ROUTER_URL
+ROUTERS = ("router01", "router02")
+VIP = "10.89.0.100"  # inventories/lab fleet_router.vip
 ENGINE_URLS = {"engine01": "http://engine01:8100", "engine02": "http://engine02:8100"}
 DIRECT = {"engine01": "http://127.0.0.1:8101", "engine02": "http://127.0.0.1:8102"}
 UNIT = "vllm-engine@g0.service"
@@ -79,6 +82,15 @@ def watchdog_state(host: str) -> str:
 
 def restarts(host: str) -> float:
     return watchdog_metrics(host).get('vllm_fleet_watchdog_restarts_total{group="g0"}', 0.0)
+
+
+def vip_holder() -> str | None:
+    """The router host whose interface carries the VIP now (None while none does)."""
+    for host in ROUTERS:
+        shown = in_host(host, "ip", "-o", "-4", "addr", "show", "to", f"{VIP}/32", check=False)
+        if shown.stdout.strip():
+            return host
+    return None
 
 
 def both_in_rotation() -> bool:

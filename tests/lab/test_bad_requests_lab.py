@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from tests.lab.conftest import ENGINES, ROOT, engine_key, in_host
+from vllm_fleet.lab.paths import LAB_ROUTER_URL
 
-ROUTER = "http://127.0.0.1:30000"
+ROUTER = LAB_ROUTER_URL
 DIRECT = {"engine01": "http://127.0.0.1:8101", "engine02": "http://127.0.0.1:8102"}
 MODEL = "smollm2"
 UNIT = "vllm-engine@g0.service"

@@ -46,7 +46,7 @@ from tests.lab.conftest import (
     in_host,
     playbook,
 )
-from tests.lab.faults import ROUTER, secret, wait_until
+from tests.lab.faults import ROUTER, ROUTERS, secret, wait_until
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.paths import LabPaths
 from vllm_fleet.lab.rotation import RotationSampler
@@ -119,6 +119,7 @@ class Matrix:
         rerun: bool = True,
         during: Callable[[subprocess.Popen[str]], None] | None = None,
         tags: str = "",
+        retries: int = 0,
     ) -> tuple[MatrixRow, PlaybookRun]:
         target = json.loads(json.dumps(self.inventory))
         edit(target)
@@ -135,7 +136,9 @@ class Matrix:
             )
             loads = [
                 stack.enter_context(
-                    ClientLoad(ROUTER, secret("router_client_key"), n, plain=2, streams=1)
+                    ClientLoad(
+                        ROUTER, secret("router_client_key"), n, plain=2, streams=1, retries=retries
+                    )
                 )
                 for n in names
             ]
@@ -440,6 +443,60 @@ def test_a_second_model_beside_the_first_behind_one_router(matrix):
     assert_row(row, run, matrix.inventory, rerun=False)
     assert engine_model_dirs() == dict.fromkeys(ENGINES, MODEL)
     assert router_model_names() == [MODEL_NAME]
+
+
+def vip_moves() -> int:
+    """Times any router took the VIP so far (keepalived's journals)."""
+    return sum(
+        in_host(host, "journalctl", "-u", "keepalived", "-o", "cat", check=False).stdout.count(
+            "Entering MASTER STATE"
+        )
+        for host in ROUTERS
+    )
+
+
+# OpenAI's Python SDK retries a request that got no response twice by default.
+SDK_RETRIES = 2
+
+
+def test_a_router_setting_rolls_one_router_at_a_time_behind_the_vip(matrix):
+    """The routing policy changes (cache_aware -> round_robin): site.yml restarts the routers
+    one at a time, each first handing the VIP to the other, answering what it has in flight
+    from the VIP kept on its loopback, and waiting for its engines before it may hold the VIP
+    again. A VIP move resets the clients' open connections (their packets reach the new
+    holder): an idle keep-alive connection's next request gets no response, which the clients
+    retry as the OpenAI SDK does (at most once per connection per move), and a stream running
+    at that instant is cut (at most one per move per streaming client)."""
+    change_router_policy(matrix, "round_robin")
+
+
+# make test leaves the lab on round_robin (the change matrix runs last).
+@pytest.mark.full
+def test_the_router_setting_back(matrix):
+    change_router_policy(matrix, "cache_aware")
+
+
+def change_router_policy(matrix: Matrix, policy: str) -> None:
+    plain_clients = 2  # Matrix.apply's load: 2 non-streaming clients and 1 streaming one
+
+    def edit(inv: Inventory) -> None:
+        fleet_of(inv)["fleet_router"]["policy"] = policy
+
+    moves = vip_moves()
+    row, run = matrix.apply(
+        f"router policy -> {policy}", edit, rerun=False, tags="router", retries=SDK_RETRIES
+    )
+    moved = vip_moves() - moves
+    assert run.returncode == 0, run.output[-6000:]
+    assert 1 <= moved <= len(ROUTERS), moved
+    stats = row.stats
+    assert stats.plain_ok > 0 and stats.plain_failed == 0, stats.failures[:5]
+    assert stats.plain_retried <= moved * plain_clients, stats.line()
+    assert stats.streams_refused == 0 and stats.streams_cut <= moved, stats.line()
+    assert row.min_serving >= 1
+    for host in ROUTERS:
+        config = json.loads(in_host(host, "cat", "/etc/vllm-fleet/router.json").stdout)
+        assert config["router_args"]["policy"] == policy, (host, config)
 
 
 def answered_by_model(name: str, count: int) -> dict[str, int]:

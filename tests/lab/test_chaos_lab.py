@@ -8,9 +8,10 @@ lost (the serving revision's files re-hashed against their manifest afterwards).
 
 The router retries a non-streaming request on another engine, so engine faults must cost
 no non-streaming request. A stream already running on an engine that dies cannot be
-retried by the router (it has sent bytes): those are counted as cut. Nothing can retry
-for a router that itself dies, so the router cases run clients that retry as the OpenAI
-SDK does (2 retries, backoff from 0.5 s) and print both figures.
+retried by the router (it has sent bytes): those are counted as cut. The routers share
+a VIP: a router case kills the one holding it, runs clients that retry as the OpenAI SDK
+does (2 retries, backoff from 0.5 s), and asserts that it cost at most the requests in
+flight at that instant and nothing started once the VIP answered again.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from tests.lab.faults import (
     restarts,
     secret,
     unit_show,
+    vip_holder,
     wait_until,
     watchdog_state,
     workers,
@@ -107,10 +109,22 @@ def record(
     return row
 
 
-def assert_nothing_lost(row: ChaosRow, served: bool = True) -> None:
-    """No non-streaming request failed (``served``: and some were served), no file lost."""
-    assert row.stats.plain_failed == 0, row.stats.failures[:5]
-    assert row.stats.plain_ok > 0 or not served
+def assert_bound(row: ChaosRow, fault_at: float, exposed_until: float | None = None) -> None:
+    """The bound of every fault that leaves a router serving: the load overlapped the fault
+    (requests served before and after it), no non-streaming request failed (the router
+    retries them elsewhere), no stream was refused, at most the streams that ran on the
+    faulty engine while it was still in rotation (in flight from the fault until
+    ``exposed_until``, by default the fault's instant) were cut (one already sending cannot
+    be retried), and no file was lost."""
+    stats = row.stats
+    until = fault_at if exposed_until is None else exposed_until
+    exposed = sum(
+        r.started <= until and r.ended > fault_at for r in stats.requests if r.kind == "stream"
+    )
+    assert stats.served_before_and_after(fault_at), "the load did not overlap the fault"
+    assert stats.plain_failed == 0, stats.failures[:5]
+    assert stats.streams_refused == 0, stats.line()
+    assert stats.streams_cut <= exposed, (exposed, stats.line())
     assert row.lost == 0
 
 
@@ -167,7 +181,7 @@ def test_engine_sigkill(chaos):
         recovered = time.monotonic() - started
         time.sleep(3)
     row = record("engine SIGKILL", load.stats, ejected, recovered, files_lost(host))
-    assert_nothing_lost(row)
+    assert_bound(row, started)
 
 
 # make test: tests/unit/test_watchdog_service.py (a hanging engine is left and restarted while
@@ -202,26 +216,49 @@ def test_engine_sigstop_hang(chaos):
         "detected = the watchdog's restart",
     )
     assert restarts(host) == restarts_before + 1
-    assert_nothing_lost(row)
+    assert_bound(row, started, exposed_until=started + detected)
+
+
+def served_after(load: ClientLoad, at: float) -> bool:
+    return any(r.ok and r.started > at for r in load.stats.requests)
+
+
+def assert_router_failover_bound(stats: LoadStats, fault_at: float, serving_at: float) -> None:
+    """Two routers behind the VIP: a router's death costs at most the requests in flight on
+    it at that instant (the clients retry as the OpenAI SDK does: only a stream already
+    started cannot be retried); every request started once the VIP answered again succeeded;
+    and the load overlapped the fault (requests served before and after it)."""
+    streams_in_flight = stats.in_flight(fault_at, "stream")
+    assert stats.in_flight(fault_at) > 0, "no request was in flight when the router died"
+    assert stats.plain_failed == 0, stats.failures[:5]
+    assert stats.streams_refused == 0, stats.line()
+    assert stats.streams_cut <= streams_in_flight, (streams_in_flight, stats.line())
+    late = stats.failed_started_after(serving_at)
+    assert late == [], f"{len(late)} requests started after the VIP answered again failed"
+    assert stats.served_before_and_after(fault_at)
 
 
 def test_router_killed(chaos):
-    before = int(in_host("router01", "systemctl", "show", ROUTER_UNIT, "-P", "NRestarts").stdout)
+    holder = vip_holder()
+    assert holder is not None, "no router holds the VIP"
+    before = int(in_host(holder, "systemctl", "show", ROUTER_UNIT, "-P", "NRestarts").stdout)
     with clients(retries=SDK_RETRIES) as load:
-        time.sleep(3)
-        started = time.monotonic()
-        in_host("router01", "systemctl", "kill", "--signal=SIGKILL", ROUTER_UNIT)
-        detected = wait_until(
+        wait_until(lambda: load.stats.plain_ok >= 3, 60, "the load is served")
+        fault_at = time.monotonic()
+        in_host(holder, "systemctl", "kill", "--signal=SIGKILL", ROUTER_UNIT)
+        detected = wait_until(a_completion_answers, 30, "a completion through the VIP")
+        serving_at = time.monotonic()
+        wait_until(lambda: served_after(load, serving_at), 60, "the load served again")
+        wait_until(
             lambda: (
-                int(in_host("router01", "systemctl", "show", ROUTER_UNIT, "-P", "NRestarts").stdout)
+                int(in_host(holder, "systemctl", "show", ROUTER_UNIT, "-P", "NRestarts").stdout)
                 > before
             ),
             30,
-            "systemd restarts the router",
+            "systemd restarts the killed router",
         )
-        wait_until(both_in_rotation, 60, "both engines registered again")
-        wait_until(a_completion_answers, 60, "a completion through the router")
-        recovered = time.monotonic() - started
+        wait_until(both_in_rotation, 60, "both engines in the VIP holder's rotation")
+        recovered = time.monotonic() - fault_at
         time.sleep(3)
     row = record(
         "router SIGKILL",
@@ -229,35 +266,42 @@ def test_router_killed(chaos):
         detected,
         recovered,
         files_lost("engine01", "engine02"),
-        "clients retry as the OpenAI SDK does; in-flight requests die with the router",
+        f"VIP {holder} -> {vip_holder()}; in flight at the kill: {load.stats.in_flight(fault_at)}",
     )
-    assert row.stats.plain_ok > 0
+    assert_router_failover_bound(row.stats, fault_at, serving_at)
     assert row.lost == 0
 
 
-# The same recovery as a router SIGKILL (systemd and the watchdogs' re-registration), with
-# a host boot before it: make test-all.
+# A router host's boot path (systemd, keepalived, the watchdogs' re-registration) while the
+# other router holds the VIP: make test-all.
 @pytest.mark.full
 def test_router_host_restarted(chaos):
+    holder = vip_holder()
+    assert holder is not None, "no router holds the VIP"
     with clients(retries=SDK_RETRIES) as load:
+        wait_until(lambda: load.stats.plain_ok >= 3, 60, "the load is served")
+        fault_at = time.monotonic()
+        subprocess.run(["podman", "restart", holder], check=True, capture_output=True)
+        detected = wait_until(a_completion_answers, 120, "a completion through the VIP")
+        serving_at = time.monotonic()
+        # The requests in flight on the dead host wait for the clients' timeout (nothing
+        # answers them, not even a reset), then are retried.
+        wait_until(lambda: served_after(load, serving_at), 150, "the load served again")
+        wait_until(lambda: unit_active_and_enabled(holder, ROUTER_UNIT), 120, "it boots")
+        wait_until(both_in_rotation, 120, "both engines in the VIP holder's rotation")
+        recovered = time.monotonic() - fault_at
         time.sleep(3)
-        started = time.monotonic()
-        subprocess.run(["podman", "restart", "router01"], check=True, capture_output=True)
-        detected = wait_until(a_completion_answers, 120, "the router answers again")
-        wait_until(both_in_rotation, 120, "both engines registered again")
-        recovered = time.monotonic() - started
-        time.sleep(3)
-    assert unit_active_and_enabled("router01", ROUTER_UNIT)
-    assert unit_active_and_enabled("router01", "vllm-fleet-lab-mirror.service")
+    assert unit_active_and_enabled(holder, "keepalived.service")
     row = record(
         "router host restart",
         load.stats,
         detected,
         recovered,
         files_lost("engine01", "engine02"),
-        "one router: the fleet is down while its host reboots",
+        f"VIP {holder} -> {vip_holder()}; in flight at the restart: "
+        f"{load.stats.in_flight(fault_at)} (retried after the clients' 90 s timeout)",
     )
-    assert row.stats.plain_ok > 0
+    assert_router_failover_bound(row.stats, fault_at, serving_at)
     assert row.lost == 0
 
 
@@ -279,7 +323,7 @@ def test_engine_host_restarted(chaos):
     for unit in (UNIT, WATCHDOG_UNIT):
         assert unit_active_and_enabled(host, unit), unit
     row = record("engine host restart", load.stats, ejected, recovered, files_lost(host))
-    assert_nothing_lost(row)
+    assert_bound(row, started)
 
 
 def test_watchdog_killed(chaos):
@@ -304,23 +348,25 @@ def test_watchdog_killed(chaos):
     # The engine it supervises was left alone.
     assert unit_show(host, "MainPID")["MainPID"] == engine_pid
     row = record("watchdog SIGKILL", load.stats, detected, recovered, files_lost(host))
-    assert_nothing_lost(row, served=False)
+    assert_bound(row, started)
 
 
 def test_partition_between_router_and_one_engine(chaos):
     host, url = "engine01", ENGINE_URLS["engine01"]
     target = f"{container_address(host)}/32"
+    router = vip_holder()
+    assert router is not None, "no router holds the VIP"
     with clients() as load:
         time.sleep(3)
         started = time.monotonic()
-        # Packets from router01 to engine01 vanish (a blackhole route in router01's own
+        # Packets from the serving router to engine01 vanish (a blackhole route in its own
         # network namespace): no reset, no refusal, as when a link or a switch port dies.
-        in_netns("router01", "ip", "route", "add", "blackhole", target)
+        in_netns(router, "ip", "route", "add", "blackhole", target)
         try:
             ejected = wait_until(lambda: workers().get(url) is not True, 60, "router ejects it")
             time.sleep(10)  # partitioned a while, serving on the other engine
         finally:
-            in_netns("router01", "ip", "route", "del", "blackhole", target)
+            in_netns(router, "ip", "route", "del", "blackhole", target)
         healed = time.monotonic()
         wait_until(lambda: workers().get(url) is True, 120, "readmitted after the partition")
         recovered = time.monotonic() - started
@@ -332,10 +378,9 @@ def test_partition_between_router_and_one_engine(chaos):
         ejected,
         recovered,
         files_lost(host),
-        f"10 s partitioned; readmitted {readmitted:.1f} s after it healed",
+        f"{router}: 10 s partitioned; readmitted {readmitted:.1f} s after it healed",
     )
-    assert row.stats.plain_ok > 0
-    assert row.lost == 0
+    assert_bound(row, started)
 
 
 @pytest.fixture(scope="module")
@@ -424,7 +469,7 @@ def test_mirror_unreachable_during_a_fetch(chaos, revision_b):
         files_lost(host),
         f"the fetch fails naming the mirror; {kept / 1e6:.0f} MB kept, resumed when it is back",
     )
-    assert_nothing_lost(row, served=False)
+    assert_bound(row, started)
 
 
 @contextlib.contextmanager
@@ -486,7 +531,7 @@ def test_disk_full_during_a_fetch(chaos, revision_b):
         lost,
         "the fetch fails naming the file; staging freed; the pinned revision serves",
     )
-    assert_nothing_lost(row, served=False)
+    assert_bound(row, started)
 
 
 def test_two_site_runs_at_once_the_second_is_refused(two_runs: TwoRuns):
@@ -604,4 +649,4 @@ def test_engine_oom_killed(chaos):
         files_lost(host),
         f"{killed} OOM kill(s) of the model worker; limit set from the host (cgroup v1)",
     )
-    assert_nothing_lost(row)
+    assert_bound(row, started)

@@ -14,10 +14,15 @@ from tests.lab.conftest import ENGINES, in_host
 from tests.lab.faults import secret
 
 ROUTER_HOST = "router01"
+ROUTER_HOSTS = ("router01", "router02")
 UNITS = {
     **{host: ["vllm-engine@g0.service", "vllm-fleet-watchdog.service"] for host in ENGINES},
-    ROUTER_HOST: ["vllm-fleet-router.service"],
+    **{host: ["vllm-fleet-router.service"] for host in ROUTER_HOSTS},
 }
+# Behind the VIP the router's client port listens on every address of its host (the VIP
+# comes and goes; the engine hosts reach each router at its own address): allowed only
+# there, and only where every address of the host is private or loopback.
+ROUTER_PORT = 30000
 TARGET = 4.0
 EXPOSURE = re.compile(r"Overall exposure level for \S+: (?P<score>\d+\.\d+) (?P<word>\w+)")
 # Ports each engine host serves the fleet on: only on its private address, never loopback.
@@ -40,6 +45,12 @@ def listeners(host: str) -> list[tuple[str, int, str]]:
         process = re.search(r'users:\(\("([^"]+)"', line)
         rows.append((address.strip("[]"), int(port), process[1] if process else "?"))
     return rows
+
+
+def host_addresses(host: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """Every address on every interface of host (a wildcard listener's reach)."""
+    out = in_host(host, "ip", "-o", "addr", "show").stdout
+    return [ipaddress.ip_interface(line.split()[3]).ip for line in out.splitlines()]
 
 
 def private_address(host: str) -> str:
@@ -66,8 +77,14 @@ def test_every_listener_is_private_or_loopback(fresh_lab):
         for address, port, process in found:
             print(f"  {host:9} {address}:{port} {process}")
         wildcard = [row for row in found if row[0] in ("0.0.0.0", "::", "*")]
+        if host in ROUTER_HOSTS:
+            assert [port for _a, port, _p in wildcard] in ([], [ROUTER_PORT]), (host, wildcard)
+            assert all(a.is_private for a in host_addresses(host)), (host, host_addresses(host))
+            wildcard = []
         assert not wildcard, f"{host}: listening on every interface: {wildcard}"
         for address, port, process in found:
+            if address in ("0.0.0.0", "::", "*"):
+                continue
             assert address == private or ipaddress.ip_address(address).is_loopback, (
                 host,
                 address,

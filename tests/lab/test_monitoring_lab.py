@@ -2,7 +2,7 @@
 a stopped engine fires the engine-down alert, and every dashboard query returns data.
 
 Prometheus (Debian's package, installed by the monitoring role in site.yml) listens on
-router01's address; the lab publishes it on 127.0.0.1:9090.
+router01's address; the lab publishes it on 127.0.0.1:9090 (it scrapes both routers).
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ import pytest
 import yaml
 
 from tests.lab.conftest import ROOT, in_host
+from vllm_fleet.lab.paths import LAB_ROUTER_URL
 from vllm_fleet.monitoring.dashboard import load_dashboard, panel_queries, render_query
 
 PROMETHEUS = "http://127.0.0.1:9090"
 ALERTS_FILE = ROOT / "roles/monitoring/files/vllm-fleet-alerts.rules.yml"
 ENGINE_DOWN = "VllmEngineDown"
-ROUTER = "http://127.0.0.1:30000"
+ROUTER = LAB_ROUTER_URL
 
 
 def api(path: str, **params: str) -> Any:
@@ -61,7 +62,11 @@ def test_every_target_is_scraped(fresh_lab):
     engines = {t["labels"]["fleet_host"] for t in targets if t["labels"]["job"] == "vllm-engine"}
     assert engines == {"engine01", "engine02"}
     nodes = {t["labels"]["fleet_host"] for t in targets if t["labels"]["job"] == "node"}
-    assert nodes == {"router01", "engine01", "engine02"}
+    assert nodes == {"router01", "router02", "engine01", "engine02"}
+    routers = {
+        t["labels"]["fleet_host"] for t in targets if t["labels"]["job"] == "vllm-fleet-router"
+    }
+    assert routers == {"router01", "router02"}
 
 
 def verify_metric(name: str) -> list[dict[str, Any]]:

@@ -17,6 +17,16 @@ import httpx
 
 
 @dataclass
+class Request:
+    """One client request (a non-streaming one with its retries), on the monotonic clock."""
+
+    kind: str  # "plain" or "stream"
+    started: float
+    ended: float
+    ok: bool
+
+
+@dataclass
 class LoadStats:
     plain_ok: int = 0
     plain_failed: int = 0
@@ -26,6 +36,21 @@ class LoadStats:
     streams_refused: int = 0  # no response at all (nothing listening, connection reset)
     plain_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    requests: list[Request] = field(default_factory=list)
+
+    def in_flight(self, at: float, kind: str | None = None) -> int:
+        """Requests (of ``kind``) that had started and not yet ended at ``at``."""
+        return sum(
+            r.started <= at < r.ended for r in self.requests if kind is None or r.kind == kind
+        )
+
+    def failed_started_after(self, at: float) -> list[Request]:
+        return [r for r in self.requests if r.started >= at and not r.ok]
+
+    def served_before_and_after(self, at: float) -> bool:
+        """The load overlapped ``at``: requests served before it and after it."""
+        served = [r for r in self.requests if r.ok]
+        return any(r.ended < at for r in served) and any(r.started > at for r in served)
 
     def line(self) -> str:
         worst = max(self.plain_seconds, default=0.0)
@@ -101,7 +126,9 @@ class ClientLoad:
                     time.sleep(min(0.5 * 2**attempt, 8.0))
                     attempt += 1
                 with self._lock:
-                    self.stats.plain_seconds.append(time.monotonic() - started)
+                    ended = time.monotonic()
+                    self.stats.requests.append(Request("plain", started, ended, ok))
+                    self.stats.plain_seconds.append(ended - started)
                     if ok:
                         self.stats.plain_ok += 1
                         self.stats.plain_retried += attempt > 0
@@ -126,17 +153,18 @@ class ClientLoad:
             n = 0
             while not self._stop.is_set():
                 n += 1
-                done = answered = False
-                try:
-                    body = self._body(100 + worker, n, True)
-                    with client.stream("POST", "/v1/completions", json=body) as response:
-                        answered = True
-                        for line in response.iter_lines():
-                            if line.strip() == "data: [DONE]":
-                                done = True
-                except httpx.HTTPError:
-                    done = False
+                started = time.monotonic()
+                attempt = 0
+                while True:
+                    done, answered = self._stream_attempt(client, worker, n)
+                    # Like the SDK: a request that got no response is retried; a stream
+                    # broken off after it started is not (its tokens were delivered).
+                    if done or answered or attempt >= self.retries:
+                        break
+                    time.sleep(min(0.5 * 2**attempt, 8.0))
+                    attempt += 1
                 with self._lock:
+                    self.stats.requests.append(Request("stream", started, time.monotonic(), done))
                     if done:
                         self.stats.streams_ok += 1
                     elif answered:
@@ -145,3 +173,17 @@ class ClientLoad:
                         self.stats.streams_refused += 1
                 if not done:
                     time.sleep(0.2)
+
+    def _stream_attempt(self, client: httpx.Client, worker: int, n: int) -> tuple[bool, bool]:
+        """One try: (ended with [DONE], a response had started)."""
+        done = answered = False
+        try:
+            body = self._body(100 + worker, n, True)
+            with client.stream("POST", "/v1/completions", json=body) as response:
+                answered = True
+                for line in response.iter_lines():
+                    if line.strip() == "data: [DONE]":
+                        done = True
+        except httpx.HTTPError:
+            done = False
+        return done, answered
