@@ -184,18 +184,41 @@ def test_engine_sigkill(chaos):
     assert_bound(row, started)
 
 
+def engine_core_pid(host: str, api_server_pid: str) -> str:
+    """vLLM's engine core: the API server's child that schedules and runs the model."""
+    children = in_host(host, "ps", "--ppid", api_server_pid, "-o", "pid=,args=").stdout
+    cores = [line.split()[0] for line in children.splitlines() if "VLLM::EngineCore" in line]
+    assert len(cores) == 1, children
+    return cores[0]
+
+
+def engine_health(host: str) -> int:
+    try:
+        return httpx.get(f"{DIRECT[host]}/health", timeout=5).status_code
+    except httpx.HTTPError:
+        return 0
+
+
 # make test: tests/unit/test_watchdog_service.py (a hanging engine is left and restarted while
 # the others go on, by the real watchdog service).
 @pytest.mark.full
-def test_engine_sigstop_hang(chaos):
+def test_engine_core_stall_behind_a_healthy_api_server(chaos):
+    """The case the inference probe exists for: the engine core stops making progress while
+    the API server still answers /health 200, so the router keeps it in rotation. The
+    watchdog's probe must find it, take it out of the routers and restart the group."""
     host, url = "engine01", ENGINE_URLS["engine01"]
     show = unit_show(host, "MainPID", "InvocationID")
-    vllm_pid = in_host(host, "ps", "--ppid", show["MainPID"], "-o", "pid=").stdout.split()[0]
+    api_server = in_host(host, "ps", "--ppid", show["MainPID"], "-o", "pid=").stdout.split()[0]
+    core = engine_core_pid(host, api_server)
     restarts_before = restarts(host)
     with clients() as load:
         time.sleep(3)
         started = time.monotonic()
-        in_host(host, "kill", "-STOP", vllm_pid)
+        in_host(host, "kill", "-STOP", core)
+        time.sleep(2)
+        # What makes this fault hard: every liveness check still passes.
+        assert engine_health(host) == 200, "the API server's /health no longer answers 200"
+        assert workers().get(url) is True, "the router ejected it on /health alone"
         detected = wait_until(
             lambda: restarts(host) > restarts_before, DETECTION_BOUND, "the watchdog restarts it"
         )
@@ -208,7 +231,7 @@ def test_engine_sigstop_hang(chaos):
         recovered = time.monotonic() - started
         time.sleep(3)
     row = record(
-        "engine SIGSTOP (hang)",
+        "engine core stall (/health 200)",
         load.stats,
         detected,
         recovered,

@@ -104,6 +104,23 @@ def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
     assert not pid_alive(grandchild)
 
 
+def test_an_abort_kills_a_stopped_engine_at_once_and_fails_the_unit(tmp_path):
+    wrapper, state, _ = start_engine_run(tmp_path)
+    grandchild = int((state / "grandchild").read_text())
+    vllm = [
+        int(p) for p in Path(f"/proc/{wrapper.pid}/task/{wrapper.pid}/children").read_text().split()
+    ]
+    # The hung engine: stopped, it would act on no SIGTERM and drain nothing.
+    for pid in [*vllm, grandchild]:
+        os.kill(pid, signal.SIGSTOP)
+    wrapper.send_signal(signal.SIGUSR1)
+    # A stop systemd orders right after the abort changes nothing.
+    wrapper.send_signal(signal.SIGTERM)
+    assert wrapper.wait(timeout=10) == 75
+    assert not (state / "got").exists()  # killed, not asked to drain
+    assert not any(pid_alive(pid) for pid in [*vllm, grandchild])
+
+
 def test_vllm_exiting_unasked_with_status_0_is_a_failure_systemd_restarts(tmp_path):
     wrapper, state, _ = start_engine_run(tmp_path)
     grandchild = int((state / "grandchild").read_text())

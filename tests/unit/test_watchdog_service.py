@@ -605,8 +605,8 @@ def test_systemctl_argv_and_errors():
         assert kwargs["timeout"] == 10.0
         if argv[1] == "show":
             return subprocess.CompletedProcess(argv, 0, "ActiveState=failed\nSubState=failed\n")
-        if argv[1] == "reset-failed":
-            return subprocess.CompletedProcess(argv, 1, "", "not failed")
+        if argv[1] in ("kill", "reset-failed"):
+            return subprocess.CompletedProcess(argv, 1, "", "not running / not failed")
         return subprocess.CompletedProcess(argv, 5, "", "Unit x.service not found.")
 
     units = SystemctlUnits(run=run)
@@ -614,6 +614,7 @@ def test_systemctl_argv_and_errors():
     with pytest.raises(UnitError, match=r"exit 5: Unit x\.service not found"):
         units.restart("x.service")
     assert calls[1:] == [
+        ["systemctl", "kill", "--kill-whom=main", "--signal=SIGUSR1", "--", "x.service"],
         ["systemctl", "reset-failed", "--", "x.service"],
         ["systemctl", "restart", "--no-block", "--", "x.service"],
     ]

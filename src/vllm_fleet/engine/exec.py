@@ -8,6 +8,11 @@ It is also a child subreaper: inside a container on a cgroup-v1 host systemd is 
 when a unit's cgroup empties, so stops hang until TimeoutStopSec. Forwarding SIGTERM to
 vLLM (which then drains for --shutdown-timeout) and reaping every descendant before
 exiting makes stops clean there, and costs nothing elsewhere.
+
+SIGUSR1 asks it to abort: the watchdog sends it to a group that stopped answering (an
+engine core stalled behind an API server whose /health still says 200). A drain would
+wait the whole shutdown timeout for requests that never finish; killed at once, their
+connections close and the routers retry them on other engines.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from vllm_fleet.sd_notify import notify
 
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+ABORT = signal.SIGUSR1
 CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
 ROUTER_TIMEOUT = 3.0
 # EX_CONFIG: the journal shows status=78/CONFIG, which reads as what it is.
@@ -47,6 +53,8 @@ MODEL_INCOMPLETE_EXIT = 78
 # core died (an OOM kill of the model worker, say): with Restart=on-failure, passing that 0 on
 # would leave the group down for good.
 EXITED_UNASKED = 70
+# EX_TEMPFAIL: aborted (ABORT) because the group hung; systemd or the watchdog restarts it.
+ABORTED = 75
 # A model missing 40 shards still gets one readable journal line.
 MAX_PROBLEMS_LOGGED = 5
 
@@ -75,6 +83,20 @@ def children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(entry.name))
     return found
+
+
+def descendants_of(pid: int) -> list[int]:
+    found = []
+    for child in children_of(pid):
+        found += [child, *descendants_of(child)]
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and everything under it (a stopped process dies of SIGKILL too)."""
+    for target in [pid, *descendants_of(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, signal.SIGKILL)
 
 
 def reap_all(grace: float) -> None:
@@ -215,8 +237,18 @@ def run(config_path: Path) -> int:
             notify(f"READY=1\nSTATUS=serving {cfg.served_name} on port {cfg.port}{status}")
 
     asked_to_stop = threading.Event()
+    aborting = threading.Event()
+
+    def abort(_signum: int, _frame: object) -> None:
+        if not aborting.is_set():
+            aborting.set()
+            asked_to_stop.set()
+            log("asked to abort (the group stopped answering): killing vLLM, no drain")
+            kill_tree(child.pid)
 
     def forward(signum: int, _frame: object) -> None:
+        if aborting.is_set():
+            return  # a stop ordered with the abort: the abort is already ending it
         asked_to_stop.set()
         if signum == signal.SIGTERM and not membership.stopping:
             notify("STOPPING=1\nSTATUS=leaving the routers, then draining")
@@ -229,6 +261,7 @@ def run(config_path: Path) -> int:
 
     for signum in FORWARDED:
         signal.signal(signum, forward)
+    signal.signal(ABORT, abort)
     threading.Thread(target=on_ready, name="readiness", daemon=True).start()
     returncode = child.wait()
     if not asked_to_stop.is_set():
@@ -236,6 +269,10 @@ def run(config_path: Path) -> int:
         membership.leave()
         reap_all(grace=5)
         return returncode if returncode > 0 else EXITED_UNASKED
+    if aborting.is_set():
+        membership.leave()
+        reap_all(grace=0)
+        return ABORTED
     reap_all(grace=float(cfg.shutdown_timeout) + 5)
     if returncode < 0 and -returncode in FORWARDED:
         return 0

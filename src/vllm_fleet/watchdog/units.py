@@ -24,7 +24,8 @@ class Units(Protocol):
     def status(self, unit: str) -> UnitStatus: ...
 
     def restart(self, unit: str) -> None:
-        """Order a restart and return at once; the caller watches the unit start."""
+        """Kill the group's processes, order a restart and return at once; the caller
+        watches the unit start."""
         ...
 
 
@@ -59,6 +60,13 @@ class SystemctlUnits:
         return UnitStatus(values["ActiveState"], values.get("SubState", ""))
 
     def restart(self, unit: str) -> None:
+        # A group the watchdog restarts has stopped answering: a graceful stop would wait
+        # the whole shutdown timeout for requests that will never finish. engine-run, asked
+        # to abort (SIGUSR1), kills vLLM at once, so its connections close and the routers
+        # retry those requests on other engines; it reaps every process itself, so the stop
+        # ends even where systemd is not told that a cgroup emptied (containers on cgroup
+        # v1). Nothing to abort when the unit has already failed: that error is no error.
+        self._call("kill", "--kill-whom=main", "--signal=SIGUSR1", "--", unit)
         # The watchdog decides about restarts; systemd's own start limit must not mask that.
         self._call("reset-failed", "--", unit)
         self._checked("restart", "--no-block", "--", unit)
