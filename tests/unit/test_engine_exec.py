@@ -116,9 +116,20 @@ def test_an_abort_kills_a_stopped_engine_at_once_and_fails_the_unit(tmp_path):
     wrapper.send_signal(signal.SIGUSR1)
     # A stop systemd orders right after the abort changes nothing.
     wrapper.send_signal(signal.SIGTERM)
+    # 75, not the 0 of a drain that ended after its grace: it was aborted.
     assert wrapper.wait(timeout=10) == 75
-    assert not (state / "got").exists()  # killed, not asked to drain
     assert not any(pid_alive(pid) for pid in [*vllm, grandchild])
+
+
+def test_an_abort_during_a_drain_kills_what_is_left_at_once(tmp_path):
+    wrapper, state, _ = start_engine_run(tmp_path)
+    grandchild = int((state / "grandchild").read_text())
+    wrapper.send_signal(signal.SIGTERM)
+    # vLLM (the fixture) has exited; engine-run is waiting out the grace for its orphan.
+    wait_for(state / "got")
+    wrapper.send_signal(signal.SIGUSR1)
+    assert wrapper.wait(timeout=10) == 75
+    assert not pid_alive(grandchild)
 
 
 def test_vllm_exiting_unasked_with_status_0_is_a_failure_systemd_restarts(tmp_path):

@@ -99,8 +99,9 @@ def kill_tree(pid: int) -> None:
             os.kill(target, signal.SIGKILL)
 
 
-def reap_all(grace: float) -> None:
-    """Wait for adopted descendants; SIGKILL what is left after ``grace`` seconds."""
+def reap_all(grace: float, hurry: threading.Event | None = None) -> None:
+    """Wait for adopted descendants; SIGKILL what is left after ``grace`` seconds, or at
+    once when ``hurry`` is set (an abort during a drain)."""
     deadline = time.monotonic() + grace
     while True:
         try:
@@ -109,7 +110,7 @@ def reap_all(grace: float) -> None:
             return
         if pid:
             continue
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (hurry is not None and hurry.is_set()):
             for child in children_of(os.getpid()):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child, signal.SIGKILL)
@@ -244,7 +245,9 @@ def run(config_path: Path) -> int:
             aborting.set()
             asked_to_stop.set()
             log("asked to abort (the group stopped answering): killing vLLM, no drain")
-            kill_tree(child.pid)
+            # Once reaped, its pid may be another process's: what it left is reap_all's.
+            if child.returncode is None:
+                kill_tree(child.pid)
 
     def forward(signum: int, _frame: object) -> None:
         if aborting.is_set():
@@ -271,9 +274,9 @@ def run(config_path: Path) -> int:
         return returncode if returncode > 0 else EXITED_UNASKED
     if aborting.is_set():
         membership.leave()
-        reap_all(grace=0)
+    reap_all(grace=float(cfg.shutdown_timeout) + 5, hurry=aborting)
+    if aborting.is_set():
         return ABORTED
-    reap_all(grace=float(cfg.shutdown_timeout) + 5)
     if returncode < 0 and -returncode in FORWARDED:
         return 0
     return returncode
