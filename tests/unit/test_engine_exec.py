@@ -83,11 +83,24 @@ def start_engine_run(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path, dic
     config = tmp_path / "g0.json"
     config.write_text(json.dumps(cfg))
     env = dict(os.environ, FIXTURE_STATE=str(state), STATE_DIRECTORY=str(tmp_path / "statedir"))
-    wrapper = subprocess.Popen(
-        [sys.executable, "-m", "vllm_fleet.cli", "engine-run", str(config)], env=env
-    )
+    # Its log in a file: a test that fails shows what engine-run said (exit_status()).
+    with (tmp_path / "engine-run.log").open("wb") as log:
+        wrapper = subprocess.Popen(
+            [sys.executable, "-m", "vllm_fleet.cli", "engine-run", str(config)],
+            env=env,
+            stderr=log,
+        )
     wait_for(state / "ready")
     return wrapper, state, cfg
+
+
+def exit_status(wrapper: subprocess.Popen[bytes], tmp_path: Path) -> int:
+    """engine-run's exit status; 30 s is a bound for a hang, far above the second it takes."""
+    try:
+        return wrapper.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        wrapper.kill()
+        raise AssertionError((tmp_path / "engine-run.log").read_text()[-3000:]) from None
 
 
 def test_sigterm_is_forwarded_and_orphans_are_reaped(tmp_path):
@@ -117,7 +130,7 @@ def test_an_abort_kills_a_stopped_engine_at_once_and_fails_the_unit(tmp_path):
     # A stop systemd orders right after the abort changes nothing.
     wrapper.send_signal(signal.SIGTERM)
     # 75, not the 0 of a drain that ended after its grace: it was aborted.
-    assert wrapper.wait(timeout=10) == 75
+    assert exit_status(wrapper, tmp_path) == 75
     assert not any(pid_alive(pid) for pid in [*vllm, grandchild])
 
 
@@ -128,7 +141,7 @@ def test_an_abort_during_a_drain_kills_what_is_left_at_once(tmp_path):
     # vLLM (the fixture) has exited; engine-run is waiting out the grace for its orphan.
     wait_for(state / "got")
     wrapper.send_signal(signal.SIGUSR1)
-    assert wrapper.wait(timeout=10) == 75
+    assert exit_status(wrapper, tmp_path) == 75
     assert not pid_alive(grandchild)
 
 
