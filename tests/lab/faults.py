@@ -85,10 +85,11 @@ def restarts(host: str) -> float:
 
 
 def vip_holder() -> str | None:
-    """The router host whose interface carries the VIP now (None while none does)."""
+    """The router host whose interface carries the VIP now (None while none does); a copy on
+    a draining router's loopback does not count (that router does not answer ARP for it)."""
     for host in ROUTERS:
         shown = in_host(host, "ip", "-o", "-4", "addr", "show", "to", f"{VIP}/32", check=False)
-        if shown.stdout.strip():
+        if any(line.split()[1] != "lo" for line in shown.stdout.splitlines() if line.strip()):
             return host
     return None
 

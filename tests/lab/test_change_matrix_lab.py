@@ -46,13 +46,14 @@ from tests.lab.conftest import (
     in_host,
     playbook,
 )
-from tests.lab.faults import ROUTER, ROUTERS, secret, wait_until
+from tests.lab.faults import ROUTER, ROUTERS, VIP, secret, vip_holder, wait_until
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.paths import LabPaths
 from vllm_fleet.lab.rotation import RotationSampler
 from vllm_fleet.weights.publish import publish
 
 VARIANT = "change-matrix"
+CHECK = "/usr/libexec/vllm-fleet/router-vip-check"  # router_vip_check_path
 BASE = ROOT / "inventories" / "lab"
 MODEL = "smollm2-135m"
 SECOND = "smollm2-135m-b"  # the same files, published under a second name
@@ -470,13 +471,118 @@ def test_a_router_setting_rolls_one_router_at_a_time_behind_the_vip(matrix):
     change_router_policy(matrix, "round_robin")
 
 
-# make test leaves the lab on round_robin (the change matrix runs last).
-@pytest.mark.full
-def test_the_router_setting_back(matrix):
-    change_router_policy(matrix, "cache_aware")
+PENDING = "/opt/vllm-fleet/routers/restart-pending"  # router_restart_pending_flag
+DRAIN = "/run/vllm-fleet/router-drain"  # router_drain_flag
 
 
-def change_router_policy(matrix: Matrix, policy: str) -> None:
+def exists(host: str, path: str) -> bool:
+    return in_host(host, "test", "-e", path, check=False).returncode == 0
+
+
+def vip_on_loopback(host: str) -> bool:
+    shown = in_host(host, "ip", "-o", "-4", "addr", "show", "dev", "lo", "to", f"{VIP}/32")
+    return bool(shown.stdout.strip())
+
+
+def runs_its_settings(host: str) -> bool:
+    """The router process started after its settings file was last written."""
+    written = int(in_host(host, "stat", "-c", "%Y", "/etc/vllm-fleet/router.json").stdout)
+    started = in_host(
+        host,
+        "systemctl",
+        "show",
+        "--timestamp=unix",
+        "--property=ExecMainStartTimestamp",
+        "--value",
+        "vllm-fleet-router.service",
+    ).stdout.strip()
+    return started.startswith("@") and int(started[1:]) >= written
+
+
+def eligible_for_vip(host: str) -> bool:
+    """keepalived's own check passes on host (run as keepalived runs it)."""
+    check = in_host(
+        host, "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", CHECK, check=False
+    )
+    return check.returncode == 0
+
+
+def test_a_router_restart_cut_off_mid_drain_is_finished_by_the_next_run(matrix):
+    """The policy goes back to cache_aware, and the controller is SIGKILLed as soon as the
+    first router is drained for its restart: that router is left drained (and, if it held
+    the VIP, with its copy on the loopback) and its restart pending, while the other router
+    serves. The next site.yml run first ends the drain on every router, then finishes the
+    pending restart and rolls the second router; both end running the new setting, eligible
+    for the VIP again, nothing left behind."""
+    first = ROUTERS[0]  # the router play runs the routers in inventory order, one at a time
+    killed: list[bool] = []
+
+    def kill_when_drained(proc: subprocess.Popen[str]) -> None:
+        wait_until(lambda: exists(first, DRAIN) or proc.poll() is not None, 600, "a drain")
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed.append(True)
+
+    def edit(inv: Inventory) -> None:
+        fleet_of(inv)["fleet_router"]["policy"] = "cache_aware"
+
+    row, run = matrix.apply(
+        "router restart cut off mid-drain",
+        edit,
+        rerun=False,
+        tags="router",
+        retries=SDK_RETRIES,
+        during=kill_when_drained,
+    )
+    assert killed, f"the run ended before {first} was drained: {run.output[-3000:]}"
+    assert exists(first, DRAIN) and exists(first, PENDING), "the cut-off left no trace to heal"
+    assert row.stats.plain_ok > 0 and row.stats.plain_failed == 0, row.stats.failures[:5]
+    assert row.stats.streams_refused == 0, row.stats.line()
+
+    target = json.loads(json.dumps(matrix.inventory))
+    edit(target)
+    matrix.inventory = target
+    change_router_policy(matrix, "cache_aware", label="  then site.yml -t router rerun")
+    for host in ROUTERS:
+        assert not exists(host, DRAIN) and not exists(host, PENDING), host
+        assert not vip_on_loopback(host), host
+        assert runs_its_settings(host), f"{host} still runs the settings it had before"
+        assert eligible_for_vip(host), f"{host}: keepalived's check fails"
+    assert vip_holder() in ROUTERS
+
+
+def test_a_router_holding_the_vip_is_not_restarted_while_no_other_can_take_it(matrix):
+    """The other router is stopped; a restart of the VIP holder (site.yml -l holder, its
+    log level changed) is refused before it drains, naming the other router and why; the
+    holder keeps the VIP and serves, its restart pending. Once the other router is back,
+    the next run finishes the restart."""
+    holder = vip_holder()
+    assert holder in ROUTERS
+    other = next(h for h in ROUTERS if h != holder)
+    target = json.loads(json.dumps(matrix.inventory))
+    fleet_of(target)["fleet_router"]["log_level"] = "error"
+    path = write_inventory(target)
+    args = ["site.yml", "-i", str(path), "--tags", "router", "--limit", holder]
+    in_host(other, "systemctl", "stop", "vllm-fleet-router.service")
+    try:
+        with ClientLoad(ROUTER, secret("router_client_key"), MODEL_NAME, plain=2) as load:
+            refused = playbook(*args)
+        assert refused.returncode != 0, refused.output[-3000:]
+        assert f"host {holder}: no other router can take the VIP {VIP}" in refused.output
+        assert f"{other}: its router does not answer" in refused.output, refused.output[-3000:]
+        assert load.stats.plain_ok > 0 and load.stats.plain_failed == 0, load.stats.failures[:5]
+        assert vip_holder() == holder and not exists(holder, DRAIN)
+        assert exists(holder, PENDING)
+    finally:
+        in_host(other, "systemctl", "start", "vllm-fleet-router.service")
+    wait_until(lambda: eligible_for_vip(other), 120, f"{other} ready again")
+    finished = playbook(*args)
+    assert finished.returncode == 0, finished.output[-3000:]
+    assert not exists(holder, PENDING) and runs_its_settings(holder)
+    matrix.inventory = target
+
+
+def change_router_policy(matrix: Matrix, policy: str, label: str = "") -> None:
     plain_clients = 2  # Matrix.apply's load: 2 non-streaming clients and 1 streaming one
 
     def edit(inv: Inventory) -> None:
@@ -484,7 +590,11 @@ def change_router_policy(matrix: Matrix, policy: str) -> None:
 
     moves = vip_moves()
     row, run = matrix.apply(
-        f"router policy -> {policy}", edit, rerun=False, tags="router", retries=SDK_RETRIES
+        label or f"router policy -> {policy}",
+        edit,
+        rerun=False,
+        tags="router",
+        retries=SDK_RETRIES,
     )
     moved = vip_moves() - moves
     assert run.returncode == 0, run.output[-6000:]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_fleet.ansible.router import router_addresses
+from vllm_fleet.ansible.router import public_reach, router_addresses
 from vllm_fleet.router.inflight import inflight
-from vllm_fleet.router.vip import peers, vip_problems
+from vllm_fleet.router.vip import handover, peers, vip_problems
 
 ROUTERS = {"router01": "10.89.0.10", "router02": "10.89.0.11"}
 
@@ -75,3 +75,67 @@ smg_http_connections_active 7
 def test_in_flight_is_the_sum_over_the_engines_of_the_routers_own_gauge():
     assert inflight(METRICS, "smg_worker_requests_active") == 3
     assert inflight(METRICS, "vllm_router_running_requests") == 0
+
+
+def ready(host: str, status: int, msg: str = "") -> dict[str, object]:
+    return {"item": host, "status": status, "msg": msg}
+
+
+def drain(host: str, exists: bool | None) -> dict[str, object]:
+    if exists is None:
+        return {"item": host, "unreachable": True, "msg": "Failed to connect"}
+    return {"item": host, "stat": {"exists": exists}}
+
+
+def test_a_ready_undrained_router_can_take_the_vip():
+    result = handover([ready("router02", 200)], [drain("router02", False)], 200)
+    assert result == {"eligible": ["router02"], "refused": []}
+
+
+@pytest.mark.parametrize(
+    ("status", "exists", "expected"),
+    [
+        (200, True, "router02: being drained itself"),
+        (-1, False, "router02: its router does not answer (Connection refused)"),
+        (503, False, "router02: its router has no engines (/readiness 503)"),
+        (200, None, "router02: unreachable (Failed to connect)"),
+    ],
+)
+def test_a_router_that_cannot_take_the_vip_is_named_with_why(status, exists, expected):
+    result = handover(
+        [ready("router02", status, "Connection refused")], [drain("router02", exists)], 200
+    )
+    assert result["eligible"] == []
+    assert len(result["refused"]) == 1 and result["refused"][0].startswith(expected), result
+
+
+def test_without_engines_anywhere_a_live_router_is_as_good_a_holder():
+    # This router has none either (503): a peer that answers 503 may take the VIP.
+    result = handover([ready("router02", 503)], [drain("router02", False)], "503")
+    assert result["eligible"] == ["router02"]
+
+
+def test_one_good_peer_of_two_is_enough():
+    result = handover(
+        [ready("router02", 200), ready("router03", 200)],
+        [drain("router02", True), drain("router03", False)],
+        200,
+    )
+    assert result["eligible"] == ["router03"]
+    assert result["refused"] == ["router02: being drained itself (a restart is under way there)"]
+
+
+@pytest.mark.parametrize(
+    ("bind", "host_addresses", "expected"),
+    [
+        ("10.89.0.10", ["10.89.0.10", "8.8.8.8"], []),
+        ("8.8.8.8", ["8.8.8.8"], ["8.8.8.8"]),
+        ("127.0.0.1", ["8.8.8.8"], []),
+        # A VIP's wildcard bind reaches whatever the host has.
+        ("0.0.0.0", ["10.89.0.10", "127.0.0.1", "fe80::1"], []),
+        ("0.0.0.0", ["10.89.0.10", "8.8.8.8"], ["8.8.8.8"]),
+        ("::", ["10.89.0.10", "2001:db8::5", "2a00:1450::1"], ["2a00:1450::1"]),
+    ],
+)
+def test_the_public_addresses_a_bind_reaches_are_named(bind, host_addresses, expected):
+    assert public_reach(bind, host_addresses) == expected

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
-from vllm_fleet.router.vip import peers, vip_problems
+from vllm_fleet.router.vip import handover, peers, vip_problems
 
 
 def address_scope(address: str) -> str:
@@ -26,6 +26,17 @@ def address_scope(address: str) -> str:
     if ip.is_private or ip.is_link_local:
         return "private"
     return "public"
+
+
+def public_reach(bind_address: str, host_addresses: list[str]) -> list[str]:
+    """The public addresses a socket bound to bind_address answers on: the address itself
+    when it is public, and for a wildcard bind (a VIP needs one) every public address of the
+    host; empty when only loopback/private networks reach it."""
+    if address_scope(bind_address) != "public":
+        return []
+    if not ipaddress.ip_address(str(bind_address)).is_unspecified:
+        return [str(bind_address)]
+    return [a for a in host_addresses if address_scope(a) == "public"]
 
 
 def served_names(groups: list[dict[str, object]], models: dict[str, object]) -> list[str]:
@@ -62,6 +73,8 @@ FILTERS = {
     "router_addresses": router_addresses,
     "router_vip_peers": peers,
     "router_vip_problems": vip_problems,
+    "router_vip_handover": handover,
     "router_address_scope": address_scope,
+    "router_public_reach": public_reach,
     "router_served_names": served_names,
 }

@@ -66,3 +66,38 @@ def vip_problems(vip: Mapping[str, object], routers: Mapping[str, str]) -> list[
 def peers(routers: Mapping[str, str], host: str) -> Sequence[str]:
     """The other routers' addresses, which this host's keepalived exchanges VRRP with."""
     return [address for name, address in sorted(routers.items()) if name != host]
+
+
+def handover(
+    readiness: Sequence[Mapping[str, object]],
+    drains: Sequence[Mapping[str, object]],
+    self_status: object,
+) -> dict[str, list[str]]:
+    """Which other routers could take the VIP from this one now, and why each other cannot.
+
+    readiness and drains are Ansible's loop results over the other routers: a GET of each
+    one's /readiness from here, and a stat of each one's drain flag on it; self_status is
+    this router's own /readiness status. A router can take the VIP when it answers, is not
+    being drained itself, and has engines - unless this router has none either (then it is
+    as good a holder as this one).
+    """
+    self_ready = str(self_status) == "200"
+    drained = {str(r.get("item")): r for r in drains}
+    eligible: list[str] = []
+    refused: list[str] = []
+    for result in readiness:
+        host = str(result.get("item"))
+        status = int(str(result.get("status", -1)))
+        drain = drained.get(host, {})
+        stat = drain.get("stat")
+        if drain.get("unreachable") or not isinstance(stat, Mapping):
+            refused.append(f"{host}: unreachable ({drain.get('msg', 'no answer')})".strip())
+        elif stat.get("exists"):
+            refused.append(f"{host}: being drained itself (a restart is under way there)")
+        elif status not in (200, 503):
+            refused.append(f"{host}: its router does not answer ({result.get('msg', status)})")
+        elif status == 503 and self_ready:
+            refused.append(f"{host}: its router has no engines (/readiness 503)")
+        else:
+            eligible.append(host)
+    return {"eligible": eligible, "refused": refused}
