@@ -134,6 +134,33 @@ def test_an_abort_kills_a_stopped_engine_at_once_and_fails_the_unit(tmp_path):
     assert not any(pid_alive(pid) for pid in [*vllm, grandchild])
 
 
+def blocked_signals(pid: int, tid: int) -> set[int]:
+    status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+    mask = int(
+        next(line for line in status.splitlines() if line.startswith("SigBlk:")).split()[1], 16
+    )
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+def test_only_the_main_thread_can_take_the_signals_it_handles(tmp_path):
+    """Python runs signal handlers in the main thread, which waits for vLLM in waitpid(): a
+    signal the kernel hands to another thread would not wake it, and a hung vLLM would never
+    be aborted (1 run in about 20 under load hung so before every other thread was made to
+    block them)."""
+    wrapper, _, _ = start_engine_run(tmp_path)
+    handled = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+    tasks = [int(t.name) for t in Path(f"/proc/{wrapper.pid}/task").iterdir()]
+    others = [tid for tid in tasks if tid != wrapper.pid]
+    try:
+        assert others, "engine-run runs its readiness check in a thread"
+        assert not handled & blocked_signals(wrapper.pid, wrapper.pid)
+        for tid in others:
+            assert handled <= blocked_signals(wrapper.pid, tid), tid
+    finally:
+        wrapper.send_signal(signal.SIGTERM)
+        exit_status(wrapper, tmp_path)
+
+
 def test_an_abort_during_a_drain_kills_what_is_left_at_once(tmp_path):
     wrapper, state, _ = start_engine_run(tmp_path)
     grandchild = int((state / "grandchild").read_text())

@@ -118,6 +118,18 @@ def reap_all(grace: float, hurry: threading.Event | None = None) -> None:
         time.sleep(0.1)
 
 
+def start_deaf_thread(target: Callable[[], None], name: str, signals: set[int]) -> None:
+    """Start a thread that never takes these signals. Python runs handlers in the main
+    thread, which waits for vLLM in waitpid(): a signal the kernel hands to another thread
+    would not interrupt it, and its handler would not run until vLLM exits (a hung vLLM:
+    never). The thread is born with them blocked (a thread inherits its creator's mask)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        threading.Thread(target=target, name=name, daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
+
+
 class Membership:
     """This group's place in the routers: joined once ready, left once stopping."""
 
@@ -265,7 +277,7 @@ def run(config_path: Path) -> int:
     for signum in FORWARDED:
         signal.signal(signum, forward)
     signal.signal(ABORT, abort)
-    threading.Thread(target=on_ready, name="readiness", daemon=True).start()
+    start_deaf_thread(on_ready, "readiness", {*FORWARDED, ABORT})
     returncode = child.wait()
     if not asked_to_stop.is_set():
         log(f"vLLM exited on its own (status {returncode}); failing so systemd restarts the group")
