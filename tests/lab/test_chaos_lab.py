@@ -83,11 +83,13 @@ def files_lost(*hosts: str) -> int:
     return lost
 
 
-def a_completion_answers() -> bool:
+def a_completion_answers(timeout: float = 30) -> bool:
     body = {"model": MODEL, "prompt": "Say hi.", "max_tokens": 2}
     headers = {"Authorization": f"Bearer {secret('router_client_key')}"}
     try:
-        response = httpx.post(f"{ROUTER}/v1/completions", json=body, headers=headers, timeout=30)
+        response = httpx.post(
+            f"{ROUTER}/v1/completions", json=body, headers=headers, timeout=timeout
+        )
     except httpx.HTTPError:
         return False
     return response.status_code == 200
@@ -326,6 +328,58 @@ def test_router_host_restarted(chaos):
     )
     assert_router_failover_bound(row.stats, fault_at, serving_at)
     assert row.lost == 0
+
+
+# The router hung, not dead (make test-all): its port still accepts connections, so only
+# keepalived's check (a 2 s /liveness deadline) can see it. The VIP must move, the engines
+# stay in the new holder's rotation (the watchdogs' calls to the hung router time out without
+# holding up the others), and once resumed it stays a backup (nopreempt: no second move).
+@pytest.mark.full
+def test_router_hung(chaos):
+    holder = vip_holder()
+    assert holder is not None, "no router holds the VIP"
+    with clients(retries=SDK_RETRIES) as load:
+        wait_until(lambda: load.stats.plain_ok >= 3, 60, "the load is served")
+        fault_at = time.monotonic()
+        in_host(holder, "systemctl", "kill", "--signal=SIGSTOP", ROUTER_UNIT)
+        try:
+            # A connection made before the VIP moved hangs on the stopped router: each try
+            # gives up after 5 s.
+            detected = wait_until(
+                lambda: a_completion_answers(timeout=5), 60, "a completion through the VIP"
+            )
+            serving_at = time.monotonic()
+            new_holder = vip_holder()
+            assert new_holder not in (None, holder), new_holder
+            # Each client's request in flight on the stopped router waits for its timeout
+            # (90 s here), then is retried through the new holder.
+            wait_until(lambda: served_after(load, serving_at), 150, "the load served again")
+            wait_until(both_in_rotation, 30, "both engines in the new holder's rotation")
+        finally:
+            in_host(holder, "systemctl", "kill", "--signal=SIGCONT", ROUTER_UNIT)
+        wait_until(lambda: router_answers(holder), 30, "the resumed router answers")
+        recovered = time.monotonic() - fault_at
+        time.sleep(3)
+    # (Leaving the block waited for the requests the hung router held: the clients' 90 s
+    # timeout, then their retry.)
+    assert vip_holder() == new_holder, "the resumed router took the VIP back"
+    row = record(
+        "router SIGSTOP",
+        load.stats,
+        detected,
+        recovered,
+        files_lost("engine01", "engine02"),
+        f"VIP {holder} -> {new_holder}; in flight at the stop: {load.stats.in_flight(fault_at)}",
+    )
+    assert_router_failover_bound(row.stats, fault_at, serving_at)
+    assert row.lost == 0
+
+
+def router_answers(host: str) -> bool:
+    check = in_host(
+        host, "curl", "-sf", "--max-time", "2", "http://127.0.0.1:30000/liveness", check=False
+    )
+    return check.returncode == 0
 
 
 # make test: the vllm_engine scenario asserts the units are enabled (started at boot); the

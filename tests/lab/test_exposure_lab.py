@@ -129,3 +129,20 @@ def test_the_router_runs_unprivileged_and_its_keys_stay_root_only(fresh_lab):
     }
     settings = in_host(ROUTER_HOST, "cat", "/etc/vllm-fleet/router.json").stdout
     assert settings and not any(key in settings for key in keys)
+
+
+def test_the_kernel_kills_an_engine_before_what_restarts_it(fresh_lab):
+    """Every process of an engine unit (engine-run, vLLM's API server, its engine core and
+    workers) carries the unit's OOMScoreAdjust (vllm_engine_oom_score_adjust, 500), and the
+    watchdog that restarts them keeps the default 0: under memory pressure the kernel picks
+    an engine first."""
+    for host in ENGINES:
+        rows = in_host(host, "ps", "-eo", "pid=,oomadj=,unit:64=,comm=").stdout.splitlines()
+        by_unit: dict[str, list[tuple[str, int]]] = {}
+        for _pid, adjust, unit, command in (row.split(None, 3) for row in rows):
+            by_unit.setdefault(unit, []).append((command, int(adjust)))
+        engine = by_unit.get("vllm-engine@g0.service", [])
+        assert len(engine) >= 2, (host, engine)  # engine-run and vLLM at least
+        assert {adjust for _, adjust in engine} == {500}, (host, engine)
+        watchdog = by_unit.get("vllm-fleet-watchdog.service", [])
+        assert watchdog and {adjust for _, adjust in watchdog} == {0}, (host, watchdog)

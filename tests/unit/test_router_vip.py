@@ -131,6 +131,8 @@ def test_one_good_peer_of_two_is_enough():
         ("10.89.0.10", ["10.89.0.10", "8.8.8.8"], []),
         ("8.8.8.8", ["8.8.8.8"], ["8.8.8.8"]),
         ("127.0.0.1", ["8.8.8.8"], []),
+        # Without a VIP a wildcard bind is public whatever the host has now.
+        ("0.0.0.0", None, ["0.0.0.0"]),
         # A VIP's wildcard bind reaches whatever the host has.
         ("0.0.0.0", ["10.89.0.10", "127.0.0.1", "fe80::1"], []),
         ("0.0.0.0", ["10.89.0.10", "8.8.8.8"], ["8.8.8.8"]),

@@ -28,13 +28,13 @@ def address_scope(address: str) -> str:
     return "public"
 
 
-def public_reach(bind_address: str, host_addresses: list[str]) -> list[str]:
+def public_reach(bind_address: str, host_addresses: list[str] | None) -> list[str]:
     """The public addresses a socket bound to bind_address answers on: the address itself
-    when it is public, and for a wildcard bind (a VIP needs one) every public address of the
-    host; empty when only loopback/private networks reach it."""
+    when it is public. A wildcard bind counts as public itself, unless host_addresses are
+    given (a VIP needs the wildcard): then it reaches each public address the host has."""
     if address_scope(bind_address) != "public":
         return []
-    if not ipaddress.ip_address(str(bind_address)).is_unspecified:
+    if not ipaddress.ip_address(str(bind_address)).is_unspecified or host_addresses is None:
         return [str(bind_address)]
     return [a for a in host_addresses if address_scope(a) == "public"]
 
