@@ -7,8 +7,12 @@ from pathlib import Path
 
 
 def read_env_file(path: Path) -> dict[str, str]:
+    return parse_env(path.read_text())
+
+
+def parse_env(text: str) -> dict[str, str]:
     values = {}
-    for raw in path.read_text().splitlines():
+    for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith(("#", ";")):
             continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import secrets
 import shutil
 import signal
 import subprocess
@@ -121,6 +122,8 @@ class Matrix:
         during: Callable[[subprocess.Popen[str]], None] | None = None,
         tags: str = "",
         retries: int = 0,
+        extra: tuple[str, ...] = (),
+        other_client_key: str | None = None,
     ) -> tuple[MatrixRow, PlaybookRun]:
         target = json.loads(json.dumps(self.inventory))
         edit(target)
@@ -138,12 +141,18 @@ class Matrix:
             loads = [
                 stack.enter_context(
                     ClientLoad(
-                        ROUTER, secret("router_client_key"), n, plain=2, streams=1, retries=retries
+                        ROUTER,
+                        secret("router_client_key"),
+                        n,
+                        plain=2,
+                        streams=1,
+                        retries=retries,
+                        other_key=other_client_key,
                     )
                 )
                 for n in names
             ]
-            run = run_playbook(playbook_path, path, during, tags)
+            run = run_playbook(playbook_path, path, during, tags, extra)
         stats = merged([c.stats for c in loads])
         min_serving = min(
             (
@@ -157,7 +166,7 @@ class Matrix:
         )
         rerun_changed = None
         if run.returncode == 0 and rerun:
-            second = playbook(playbook_path, "-i", str(path), *tag_args(tags))
+            second = playbook(playbook_path, "-i", str(path), *tag_args(tags), *extra)
             assert second.returncode == 0, second.output[-4000:]
             rerun_changed = sum(h["changed"] for h in second.recap().values())
         row = MatrixRow(
@@ -185,15 +194,16 @@ def run_playbook(
     inventory: Path,
     during: Callable[[subprocess.Popen[str]], None] | None,
     tags: str = "",
+    extra: tuple[str, ...] = (),
 ) -> PlaybookRun:
     if during is None:
-        return playbook(playbook_path, "-i", str(inventory), *tag_args(tags))
+        return playbook(playbook_path, "-i", str(inventory), *tag_args(tags), *extra)
     started = time.monotonic()
     log = ROOT / "reports" / f"change-matrix-{int(time.time())}.log"
     log.parent.mkdir(exist_ok=True)
     with log.open("w") as out:
         proc = subprocess.Popen(
-            ["ansible-playbook", playbook_path, "-i", str(inventory), *tag_args(tags)],
+            ["ansible-playbook", playbook_path, "-i", str(inventory), *tag_args(tags), *extra],
             cwd=ROOT,
             stdout=out,
             stderr=out,
@@ -214,6 +224,7 @@ def merged(all_stats: list[LoadStats]) -> LoadStats:
         out.streams_ok += s.streams_ok
         out.streams_cut += s.streams_cut
         out.streams_refused += s.streams_refused
+        out.key_switches += s.key_switches
         out.plain_seconds += s.plain_seconds
         out.failures += s.failures
     return out
@@ -582,9 +593,20 @@ def test_a_router_holding_the_vip_is_not_restarted_while_no_other_can_take_it(ma
     matrix.inventory = target
 
 
-def change_router_policy(matrix: Matrix, policy: str, label: str = "") -> None:
+def assert_through_vip_moves(row: MatrixRow, run: PlaybookRun, moved: int) -> None:
+    """A row that restarts the routers: each moved the VIP at most once; the clients lost
+    nothing but what a VIP move costs them (see the router-policy row)."""
     plain_clients = 2  # Matrix.apply's load: 2 non-streaming clients and 1 streaming one
+    assert run.returncode == 0, run.output[-6000:]
+    assert 1 <= moved <= len(ROUTERS), moved
+    stats = row.stats
+    assert stats.plain_ok > 0 and stats.plain_failed == 0, stats.failures[:5]
+    assert stats.plain_retried <= moved * plain_clients, stats.line()
+    assert stats.streams_refused == 0 and stats.streams_cut <= moved, stats.line()
+    assert row.min_serving >= 1
 
+
+def change_router_policy(matrix: Matrix, policy: str, label: str = "") -> None:
     def edit(inv: Inventory) -> None:
         fleet_of(inv)["fleet_router"]["policy"] = policy
 
@@ -596,14 +618,7 @@ def change_router_policy(matrix: Matrix, policy: str, label: str = "") -> None:
         tags="router",
         retries=SDK_RETRIES,
     )
-    moved = vip_moves() - moves
-    assert run.returncode == 0, run.output[-6000:]
-    assert 1 <= moved <= len(ROUTERS), moved
-    stats = row.stats
-    assert stats.plain_ok > 0 and stats.plain_failed == 0, stats.failures[:5]
-    assert stats.plain_retried <= moved * plain_clients, stats.line()
-    assert stats.streams_refused == 0 and stats.streams_cut <= moved, stats.line()
-    assert row.min_serving >= 1
+    assert_through_vip_moves(row, run, vip_moves() - moves)
     for host in ROUTERS:
         config = json.loads(in_host(host, "cat", "/etc/vllm-fleet/router.json").stdout)
         assert config["router_args"]["policy"] == policy, (host, config)
@@ -768,3 +783,106 @@ def test_a_new_model_takes_over_the_served_name(matrix):
         assert report["served_names"] == [MODEL_NAME], report["served_names"]
         assert report["verdict"] == "pass"
         assert router_model_names() == [MODEL_NAME]
+
+
+def new_key(name: str) -> str:
+    """A fresh key of the kind `vllm_fleet.lab prepare` makes (urlsafe, 32 bytes)."""
+    return f"{name.replace('_', '-')}-{secrets.token_urlsafe(32)}"
+
+
+def keep_lab_secret(name: str, value: str) -> None:
+    """The lab inventory reads its keys from .lab/secrets: a finished rotation writes the new
+    key there, as an operator would update the vault (later tests and runs use it)."""
+    path = ROOT / ".lab/secrets" / name
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+
+
+def test_a_key_rotation_the_routers_would_refuse_mid_run_is_refused(matrix):
+    """A new control key without the old one retiring, and a new client key without the
+    run saying the clients moved: preflight refuses both before any host changes, naming
+    host, key and the safe sequence, and shows neither key."""
+    control, client = new_key("router_control_key"), new_key("router_client_key")
+
+    def one_run(inv: Inventory) -> None:
+        fleet_of(inv)["fleet_router_control_key"] = control
+        fleet_of(inv)["fleet_router_client_key"] = client
+
+    before = {host: engine_settings(host) for host in ENGINES}
+    refused = playbook("site.yml", "-i", str(write_inventory(edited(matrix, one_run))))
+    assert refused.returncode != 0
+    for host in ENGINES:
+        assert f"{host}: fleet_router_control_key='<redacted>'" in refused.output
+    for host in ROUTERS:
+        assert f"{host}: fleet_router_client_key='<redacted>'" in refused.output
+    assert "list the current one in fleet_router_control_keys_retiring" in refused.output
+    assert "-e fleet_router_client_key_cutover=true" in refused.output
+    for key in (control, client, secret("router_control_key"), secret("router_client_key")):
+        assert key not in refused.output
+    assert {host: engine_settings(host) for host in ENGINES} == before
+
+
+@pytest.mark.full
+def test_keys_rotate_under_load(matrix):
+    """The engine key and the control key in one run, the old control key retiring (the
+    routers restart first and accept both while each engine host moves to the new keys, its
+    engines re-registered with the new engine key); then the retiring key dropped; then the
+    client key cut over, the clients holding both keys (sglang-router takes one)."""
+    engine, control = new_key("engine_api_key"), new_key("router_control_key")
+    old_control = secret("router_control_key")
+
+    def first(inv: Inventory) -> None:
+        fleet_of(inv)["fleet_engine_api_key"] = engine
+        fleet_of(inv)["fleet_router_control_key"] = control
+        fleet_of(inv)["fleet_router_control_keys_retiring"] = [old_control]
+
+    moves = vip_moves()
+    row, run = matrix.apply(
+        "engine + control keys, old control key retiring",
+        first,
+        rerun=False,
+        retries=SDK_RETRIES,
+    )
+    assert_through_vip_moves(row, run, vip_moves() - moves)
+    assert_host_matches(matrix.inventory)
+    keep_lab_secret("engine_api_key", engine)
+    keep_lab_secret("router_control_key", control)
+
+    def second(inv: Inventory) -> None:
+        fleet_of(inv)["fleet_router_control_keys_retiring"] = []
+
+    moves = vip_moves()
+    row, run = matrix.apply(
+        "  then the retiring control key dropped", second, rerun=False, retries=SDK_RETRIES
+    )
+    assert_through_vip_moves(row, run, vip_moves() - moves)
+    denied = httpx.get(f"{ROUTER}/workers", headers={"Authorization": f"Bearer {old_control}"})
+    assert denied.status_code == 401, denied.text
+
+    client, old_client = new_key("router_client_key"), secret("router_client_key")
+
+    def cutover(inv: Inventory) -> None:
+        fleet_of(inv)["fleet_router_client_key"] = client
+
+    moves = vip_moves()
+    row, run = matrix.apply(
+        "client key cut over (clients hold both)",
+        cutover,
+        extra=("-e", "fleet_router_client_key_cutover=true"),
+        other_client_key=client,
+        retries=SDK_RETRIES,
+    )
+    assert_through_vip_moves(row, run, vip_moves() - moves)
+    assert row.rerun_changed == 0
+    assert_host_matches(matrix.inventory)
+    assert row.stats.key_switches >= 1, "the load never met the new client key"
+    keep_lab_secret("router_client_key", client)
+    body = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}
+    for key, status in [(old_client, 401), (client, 200)]:
+        answer = httpx.post(
+            f"{ROUTER}/v1/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+            timeout=60,
+        )
+        assert answer.status_code == status, answer.text

@@ -16,10 +16,12 @@ import pytest
 import yaml
 
 from tests.lab.conftest import ROOT, in_host
+from tests.lab.faults import ROUTERS, VIP, vip_holder
 from vllm_fleet.lab.paths import LAB_ROUTER_URL
 from vllm_fleet.monitoring.dashboard import load_dashboard, panel_queries, render_query
 
 PROMETHEUS = "http://127.0.0.1:9090"
+DRAIN = "/run/vllm-fleet/router-drain"  # router_drain_flag
 ALERTS_FILE = ROOT / "roles/monitoring/files/vllm-fleet-alerts.rules.yml"
 ENGINE_DOWN = "VllmEngineDown"
 ROUTER = LAB_ROUTER_URL
@@ -136,6 +138,71 @@ def test_a_healthy_fleet_fires_no_critical_alert(fresh_lab):
         if a["labels"].get("severity") == "critical" and a["state"] == "firing"
     ]
     assert not critical
+
+
+def vip_held() -> dict[str, float]:
+    """Router host -> whether it holds the VIP, as Prometheus last scraped it."""
+    result = api("query", query="vllm_fleet_router_vip_held")["result"]
+    return {r["metric"]["fleet_host"]: float(r["value"][1]) for r in result}
+
+
+def test_each_router_records_whether_it_holds_the_vip(fresh_lab):
+    """Every router host reports; exactly one holds the VIP, the one keepalived gave it to."""
+    held = wait_for("every router's VIP metric", lambda: set(vip_held()) == set(ROUTERS), 60)
+    held = vip_held()
+    assert sorted(held.values()) == [0.0, 1.0], held
+    holder = vip_holder()
+    assert holder is not None and held[holder] == 1.0, (holder, held)
+
+
+@pytest.fixture
+def every_router_drained(fresh_lab):
+    """Both routers drained at once (what a controller killed mid-restart on each leaves):
+    keepalived's check fails on both and neither may hold the VIP."""
+    for host in ROUTERS:
+        in_host(host, "touch", DRAIN)
+    try:
+        yield
+    finally:
+        for host in ROUTERS:
+            in_host(host, "rm", "-f", DRAIN)
+        wait_for("the VIP answering again", vip_answers, 120)
+
+
+def vip_answers() -> bool:
+    try:
+        return httpx.get(f"{ROUTER}/liveness", timeout=3).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_no_router_holding_the_vip_fires_its_alert(every_router_drained):
+    settings = prometheus_settings()
+    # The rule's for: 30s, plus a scrape, an evaluation and the hosts' 5 s record, twice over.
+    deadline = 2 * (30 + settings["scrape"] + settings["evaluation"] + 5)
+    wait_for("the VIP to leave every router", lambda: not vip_answers(), 30, every=1)
+    alerts = wait_for(
+        "VllmFleetRouterVipNoHolder", lambda: firing("VllmFleetRouterVipNoHolder"), deadline
+    )
+    assert alerts[0]["labels"]["vip"] == VIP, alerts
+    assert not firing("VllmFleetRouterVipSplit")
+
+
+def prometheus_settings() -> dict[str, float]:
+    """The scrape and rule evaluation intervals Prometheus runs with (seconds)."""
+    config = yaml.safe_load(api("status/config")["yaml"])["global"]
+    return {
+        "scrape": seconds(config["scrape_interval"]),
+        "evaluation": seconds(config["evaluation_interval"]),
+    }
+
+
+def seconds(duration: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    for unit in ("ms", "s", "m", "h"):
+        if duration.endswith(unit):
+            return float(duration[: -len(unit)]) * units[unit]
+    raise ValueError(duration)
 
 
 @pytest.fixture

@@ -50,6 +50,25 @@ def test_sglang_gets_the_client_key_and_an_admin_control_key():
     assert args.request_timeout_secs == 20 and args.max_concurrent_requests == 64
 
 
+def test_sglang_accepts_the_retiring_control_keys_beside_the_current_one():
+    env = {
+        **KEYS,
+        # Rendered in order; the 10th sorts after the 2nd by number, not by text.
+        "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_10": "retiring-key-ten-0000",
+        "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_2": "retiring-key-two-0000",
+        "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_3": "",
+        "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_x": "not-a-rendered-key",
+    }
+    args = build_args(config("sglang"), env)
+    assert args.control_plane_api_keys == [
+        ("vllm-fleet", "vllm-fleet", KEYS[CONTROL_KEY_ENV], "admin"),
+        ("vllm-fleet-retiring-2", "vllm-fleet-retiring-2", "retiring-key-two-0000", "admin"),
+        ("vllm-fleet-retiring-10", "vllm-fleet-retiring-10", "retiring-key-ten-0000", "admin"),
+    ]
+    # The client key stays the only one clients may present.
+    assert args.api_key == KEYS[CLIENT_KEY_ENV]
+
+
 def test_sglang_refuses_to_start_without_both_keys():
     with pytest.raises(SystemExit, match="refusing to start an unauthenticated router"):
         build_args(config("sglang"), {CLIENT_KEY_ENV: "only-the-client-key"})
@@ -79,5 +98,9 @@ def test_keys_come_from_the_units_credential_before_the_environment(tmp_path):
         CLIENT_KEY_ENV: "from-credential-client",
         CONTROL_KEY_ENV: "from-credential-control",
     }
+    (tmp_path / "router.env").write_text(
+        "VLLM_FLEET_ROUTER_CONTROL_KEY=current\nVLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_1=old\n"
+    )
+    assert keys_from(str(tmp_path), {})["VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_1"] == "old"
     # No credential: the environment's keys, and nothing else from it.
     assert keys_from(None, {CLIENT_KEY_ENV: "a", "PATH": "/usr/bin"}) == {CLIENT_KEY_ENV: "a"}

@@ -21,6 +21,7 @@ from ansible.plugins.action import ActionBase
 from vllm_fleet.preflight import HostInput, PreflightResult, validate
 from vllm_fleet.preflight.change_safety import check_fleet_change
 from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
+from vllm_fleet.preflight.key_rotation import check_fleet_keys
 from vllm_fleet.preflight.report import render_markdown
 
 # What preflight's own tasks register or read as facts. Every inventory variable, the fleet's
@@ -30,6 +31,7 @@ PREFLIGHT_FACTS = {
     "preflight_facts", "preflight_probe", "preflight_nvidia_smi", "preflight_npu_smi",
     "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_info",
     "preflight_agent", "preflight_engine_files", "preflight_engine_settings",
+    "preflight_key_files_now",
     "preflight_result",
 }  # fmt: skip
 READ = ("fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models")
@@ -68,7 +70,14 @@ def host_input(
             variables[key] = raw(hostvars, key)
     variables.update(play_level)
     facts, models = facts_of(hostvars)
-    return HostInput(name, variables, facts, models, hostvars.get("preflight_engine_settings"))
+    return HostInput(
+        name,
+        variables,
+        facts,
+        models,
+        hostvars.get("preflight_engine_settings"),
+        hostvars.get("preflight_key_files_now"),
+    )
 
 
 def summarize(outcome: PreflightResult, hosts: list[str]) -> dict[str, object]:
@@ -148,6 +157,7 @@ class PreflightAction(ActionBase):
             self._render(task_vars.get("fleet_router_releases", {})),
         )
         check_fleet_change(hosts, engine_hosts, outcome, single_name)
+        outcome.errors.extend(check_fleet_keys(hosts))
         report = self._write_report(outcome, Path(args["report_dir"]))
         result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)

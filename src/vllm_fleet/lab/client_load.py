@@ -34,6 +34,7 @@ class LoadStats:
     streams_ok: int = 0
     streams_cut: int = 0  # started, then broken off before [DONE]
     streams_refused: int = 0  # no response at all (nothing listening, connection reset)
+    key_switches: int = 0  # 401s answered by retrying with the client's other key
     plain_seconds: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     requests: list[Request] = field(default_factory=list)
@@ -74,10 +75,14 @@ class ClientLoad:
         streams: int = 1,
         *,
         retries: int = 0,
+        other_key: str | None = None,
     ) -> None:
         self.base_url = base_url
         self.retries = retries
         self.headers = {"Authorization": f"Bearer {key}"}
+        # A client mid key rotation holds both keys and answers a 401 by retrying with the
+        # other one (sglang-router takes one client key: its restart switches it).
+        self.keys = [key] if other_key is None else [key, other_key]
         self.model = model
         self.stats = LoadStats()
         self._lock = threading.Lock()
@@ -142,6 +147,8 @@ class ClientLoad:
         """One try: (ok, what went wrong, whether a client would retry it)."""
         try:
             response = client.post("/v1/completions", json=self._body(worker, n, False))
+            if response.status_code == 401 and self._switch_key(client):
+                response = client.post("/v1/completions", json=self._body(worker, n, False))
         except httpx.TransportError as err:
             return False, f"{type(err).__name__}: {err}", True
         ok = response.status_code == 200 and bool(response.json().get("choices"))
@@ -174,16 +181,32 @@ class ClientLoad:
                 if not done:
                     time.sleep(0.2)
 
-    def _stream_attempt(self, client: httpx.Client, worker: int, n: int) -> tuple[bool, bool]:
+    def _stream_attempt(
+        self, client: httpx.Client, worker: int, n: int, *, switched: bool = False
+    ) -> tuple[bool, bool]:
         """One try: (ended with [DONE], a response had started)."""
-        done = answered = False
+        done = answered = refused = False
         try:
             body = self._body(100 + worker, n, True)
             with client.stream("POST", "/v1/completions", json=body) as response:
-                answered = True
-                for line in response.iter_lines():
+                refused = response.status_code == 401
+                answered = not refused
+                for line in response.iter_lines() if answered else ():
                     if line.strip() == "data: [DONE]":
                         done = True
         except httpx.HTTPError:
             done = False
-        return done, answered
+        if refused and not switched and self._switch_key(client):
+            return self._stream_attempt(client, worker, n, switched=True)
+        return done, answered or refused
+
+    def _switch_key(self, client: httpx.Client) -> bool:
+        """Present the other key from now on; False when there is no other key."""
+        presented = client.headers.get("Authorization")
+        others = [k for k in self.keys if f"Bearer {k}" != presented]
+        if not others:
+            return False
+        client.headers["Authorization"] = f"Bearer {others[0]}"
+        with self._lock:
+            self.stats.key_switches += 1
+        return True

@@ -142,6 +142,8 @@ class HostInput:
     installed_models: dict[str, dict[str, object]] = field(default_factory=dict)
     # The engine settings the host has now, as the probe slurped them (change_safety reads them).
     engine_settings: object = None
+    # The router's and watchdog's key files as the probe slurped them (key_rotation reads them).
+    key_files: object = None
 
 
 @dataclass

@@ -22,6 +22,10 @@ CLIENT_KEY_ENV = "VLLM_FLEET_ROUTER_CLIENT_KEY"
 # The credential's name in the unit (LoadCredential=router.env:/etc/vllm-fleet/router.env).
 CREDENTIAL = "router.env"
 CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
+# Control keys being rotated out (fleet_router_control_keys_retiring), one variable each
+# (..._1, _2): the router accepts them beside the current one until the engine hosts have
+# moved to it, so no host's joins and leaves are refused mid-rotation.
+RETIRING_CONTROL_KEY_PREFIX = "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_"
 # The control-plane key's identity in sglang-router's audit log.
 CONTROL_KEY_ID = "vllm-fleet"
 
@@ -40,7 +44,23 @@ def router_kwargs(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any]
         kwargs["api_key"] = client_key
         # (id, name, key, role): only this key may add or remove workers.
         kwargs["control_plane_api_keys"] = [(CONTROL_KEY_ID, CONTROL_KEY_ID, control_key, "admin")]
+        for name, key in retiring_control_keys(env):
+            kwargs["control_plane_api_keys"].append((name, name, key, "admin"))
     return kwargs
+
+
+def retiring_control_keys(env: dict[str, str]) -> list[tuple[str, str]]:
+    """(audit id, key) of each retiring control key, in the order they were rendered."""
+    found = []
+    for name, key in env.items():
+        suffix = name.removeprefix(RETIRING_CONTROL_KEY_PREFIX)
+        if suffix != name and suffix.isdigit() and key:
+            found.append((int(suffix), f"{CONTROL_KEY_ID}-retiring-{suffix}", key))
+    return [(audit_id, key) for _, audit_id, key in sorted(found)]
+
+
+def is_key_variable(name: str) -> bool:
+    return name in (CLIENT_KEY_ENV, CONTROL_KEY_ENV) or name.startswith(RETIRING_CONTROL_KEY_PREFIX)
 
 
 def keys_from(credentials_dir: str | None, env: dict[str, str]) -> dict[str, str]:
@@ -49,7 +69,7 @@ def keys_from(credentials_dir: str | None, env: dict[str, str]) -> dict[str, str
 
     if credentials_dir and (Path(credentials_dir) / CREDENTIAL).is_file():
         return read_env_file(Path(credentials_dir) / CREDENTIAL)
-    return {k: v for k, v in env.items() if k in (CLIENT_KEY_ENV, CONTROL_KEY_ENV)}
+    return {k: v for k, v in env.items() if is_key_variable(k)}
 
 
 def build_args(config: dict[str, Any], env: dict[str, str]) -> object:
@@ -71,7 +91,7 @@ def main(argv: list[str]) -> int:
     keys = keys_from(os.environ.get("CREDENTIALS_DIRECTORY"), dict(os.environ))
     args = build_args(config, keys)
     # Out of the environment, so nothing the router spawns inherits them.
-    for name in (CLIENT_KEY_ENV, CONTROL_KEY_ENV):
+    for name in [n for n in os.environ if is_key_variable(n)]:
         os.environ.pop(name, None)
     launcher = importlib.import_module(f"{config['package']}.launch_router")
     launcher.launch_router(args)

@@ -22,7 +22,8 @@ WORKER_URL = f"http://{ENGINE}:8100"
 CLIENT_KEY = "molecule-only-router-client-key-52e8c1"
 CONTROL_KEY = "molecule-only-router-control-key-a93f06"
 ENGINE_KEY = "molecule-only-engine-key-7d41b0"
-KEYS = (CLIENT_KEY, CONTROL_KEY, ENGINE_KEY)
+RETIRING_KEY = "molecule-only-retiring-control-key-3c9e21"
+KEYS = (CLIENT_KEY, CONTROL_KEY, ENGINE_KEY, RETIRING_KEY)
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4}
 
 
@@ -90,7 +91,7 @@ def test_keys_are_on_no_command_line_and_not_in_the_journals(router, engine):
 def test_keys_are_not_in_the_router_process_environment(router):
     for pid, _ in unit_processes(router):
         environ = router.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ")
-        for key in (CLIENT_KEY, CONTROL_KEY):
+        for key in (CLIENT_KEY, CONTROL_KEY, RETIRING_KEY):
             assert key not in environ, f"a key is in /proc/{pid}/environ"
 
 
@@ -151,6 +152,17 @@ def test_refusals(engine, method, path, key, body):
     status, text = call(engine, method, path, key=key, body=body)
     assert status == 401, text
     assert list(workers(engine)) == [WORKER_URL]
+
+
+def test_a_retiring_control_key_still_manages_workers_but_serves_no_client(engine):
+    """Mid-rotation the router takes the old control key beside the new one (engine hosts
+    not yet moved keep joining and leaving), and neither control key is a client key."""
+    status, text = call(engine, "GET", "/workers", key=RETIRING_KEY)
+    assert status == 200, text
+    assert [w["url"] for w in json.loads(text)["workers"]] == [WORKER_URL]
+    for key in (RETIRING_KEY, CONTROL_KEY):
+        status, text = call(engine, "POST", "/v1/chat/completions", key=key, body=CHAT)
+        assert status == 401, text
 
 
 def test_a_stopping_engine_leaves_the_router_before_it_exits(engine):

@@ -1,0 +1,135 @@
+"""Key changes the routers would refuse mid-run, refused before any host changes.
+
+site.yml restarts the routers before the engine hosts. A router restarted with a new control
+key refuses the old one, which the engine hosts' watchdogs and engines still present until
+their own batch: their joins get 401, the restarted routers stay without engines, and the
+next router cannot hand its VIP over. So the old key is listed in
+``fleet_router_control_keys_retiring`` for one run (the routers accept both while the engine
+hosts move to the new one), and emptied by the next.
+
+sglang-router takes a single client key, so a new client key refuses the clients' old one
+from each router's restart on: there is no two-key window to offer. Preflight refuses that
+change until the operator says, for the one run, that the clients are ready
+(``-e fleet_router_client_key_cutover=true``).
+
+The keys a host uses now come from the probe's slurp of its router.env and watchdog.env;
+keys are compared, never shown.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+
+from vllm_fleet.env_file import parse_env
+from vllm_fleet.preflight.checks import REDACTED, Finding, HostInput
+
+CONTROL = "fleet_router_control_key"
+RETIRING = "fleet_router_control_keys_retiring"
+CLIENT = "fleet_router_client_key"
+CUTOVER = "fleet_router_client_key_cutover"
+CONTROL_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
+CLIENT_ENV = "VLLM_FLEET_ROUTER_CLIENT_KEY"
+TWO_RUNS = (
+    f"rotate it in two runs: first set the new key and list the current one in {RETIRING} "
+    "(the routers accept both while the engine hosts move to the new one), run site.yml; "
+    f"then empty {RETIRING} and run site.yml again"
+)
+
+
+def keys_now(slurped: object) -> dict[str, dict[str, str]]:
+    """File name (router.env, watchdog.env) -> its variables, from the probe's slurp loop
+    (``{results: [{item: path, content: base64}]}``); files absent or unreadable are left out."""
+    results = slurped.get("results", []) if isinstance(slurped, Mapping) else []
+    found = {}
+    for result in results if isinstance(results, list) else []:
+        if not isinstance(result, Mapping) or "content" not in result:
+            continue
+        try:
+            text = base64.b64decode(str(result["content"]), validate=True).decode()
+        except (ValueError, binascii.Error):
+            continue
+        found[str(result.get("item", "")).rsplit("/", 1)[-1]] = parse_env(text)
+    return found
+
+
+def check_keys(host: HostInput) -> list[Finding]:
+    """The key changes on one host that the routers would refuse mid-run."""
+    v = host.variables
+    findings = []
+    files = keys_now(host.key_files)
+    presented = files.get("watchdog.env", {}).get(CONTROL_ENV)
+    control = v.get(CONTROL)
+    retiring = v.get(RETIRING)
+    accepted = {control, *(retiring if isinstance(retiring, list) else [])}
+    if presented and isinstance(control, str) and presented not in accepted:
+        findings.append(
+            Finding(
+                host.name,
+                CONTROL,
+                REDACTED,
+                "is not the control key this host's watchdog and engines present now, and "
+                f"that key is not in {RETIRING}: the routers restart first and would refuse "
+                "this host's engines (401) until its own batch, so the routers would run out "
+                "of engines and could not hand their VIP over",
+                TWO_RUNS,
+            )
+        )
+    client_now = files.get("router.env", {}).get(CLIENT_ENV)
+    client = v.get(CLIENT)
+    cut_over = v.get(CUTOVER) in (True, "true", "True", "yes")
+    changed = bool(client_now) and isinstance(client, str) and client != client_now
+    if changed and _impl(v) == "sglang" and not cut_over:
+        findings.append(
+            Finding(
+                host.name,
+                CLIENT,
+                REDACTED,
+                "is not the client key this router accepts now, and sglang-router accepts "
+                "one client key: from this router's restart on, every client still "
+                "presenting the current key gets 401",
+                "give the clients the new key first (a client holding both keys can retry "
+                f"a 401 with the other), then run once with -e {CUTOVER}=true; to keep the "
+                f"current key, set {CLIENT} back to it",
+            )
+        )
+    return findings
+
+
+def _impl(variables: Mapping[str, object]) -> str:
+    router = variables.get("fleet_router")
+    impl = router.get("impl") if isinstance(router, Mapping) else None
+    return str(impl or "sglang")
+
+
+def _retiring_list(host: str, variables: Mapping[str, object]) -> list[Finding]:
+    retiring = variables.get(RETIRING)
+    if retiring is None:
+        return []
+    keys = retiring if isinstance(retiring, list) else None
+    if (
+        keys is None
+        or not all(isinstance(k, str) and len(k) >= 16 for k in keys)
+        or variables.get(CONTROL) in keys
+        or variables.get(CLIENT) in keys
+    ):
+        return [
+            Finding(
+                host,
+                RETIRING,
+                REDACTED,
+                "must be a list of the control keys being rotated out: each at least 16 "
+                f"characters, and neither {CONTROL} nor {CLIENT}",
+                f"list only the previous control key, e.g. {RETIRING}: "
+                "['{{ vault_previous_router_control_key }}']",
+            )
+        ]
+    return []
+
+
+def check_fleet_keys(hosts: list[HostInput]) -> list[Finding]:
+    """Every host's findings, and the retiring list's once (it is the fleet's setting)."""
+    with_list = [h for h in hosts if h.variables.get(RETIRING) is not None]
+    findings = _retiring_list(with_list[0].name, with_list[0].variables) if with_list else []
+    return findings + [finding for host in hosts for finding in check_keys(host)]

@@ -1,0 +1,115 @@
+"""Key rotations the routers would refuse mid-run are refused, and no key is ever shown."""
+
+from __future__ import annotations
+
+import base64
+import shlex
+
+from vllm_fleet.preflight.checks import HostInput
+from vllm_fleet.preflight.facts import HostFacts
+from vllm_fleet.preflight.key_rotation import (
+    CLIENT,
+    CONTROL,
+    CUTOVER,
+    RETIRING,
+    check_fleet_keys,
+    keys_now,
+)
+
+OLD_CONTROL = "old-control-key-0123456789"
+NEW_CONTROL = "new-control-key-0123456789"
+OLD_CLIENT = "old-client-key-0123456789"
+NEW_CLIENT = "new-client-key-0123456789"
+
+
+def slurp(**files: dict[str, str]) -> dict:
+    """The probe's slurp loop result: present files with content, absent ones failed."""
+    results = []
+    for name, values in files.items():
+        text = "# managed\n" + "".join(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
+        results.append(
+            {
+                "item": f"/etc/vllm-fleet/{name}.env",
+                "content": base64.b64encode(text.encode()).decode(),
+            }
+        )
+    results.append({"item": "/etc/vllm-fleet/absent.env", "failed": True, "msg": "not found"})
+    return {"results": results}
+
+
+def engine_host(presented: str | None, **variables: object) -> HostInput:
+    files = {"watchdog": {"VLLM_FLEET_ROUTER_CONTROL_KEY": presented}} if presented else {}
+    return HostInput("engine01", dict(variables), HostFacts(), key_files=slurp(**files))
+
+
+def router_host(client_now: str, **variables: object) -> HostInput:
+    files = {
+        "router": {
+            "VLLM_FLEET_ROUTER_CLIENT_KEY": client_now,
+            "VLLM_FLEET_ROUTER_CONTROL_KEY": OLD_CONTROL,
+        }
+    }
+    return HostInput("router01", dict(variables), HostFacts(), key_files=slurp(**files))
+
+
+def shown(findings) -> str:
+    return "\n".join(str(f) for f in findings)
+
+
+def test_keys_now_reads_each_present_file_by_name():
+    found = keys_now(slurp(watchdog={"VLLM_FLEET_ROUTER_CONTROL_KEY": "a b'c"}))
+    assert found == {"watchdog.env": {"VLLM_FLEET_ROUTER_CONTROL_KEY": "a b'c"}}
+    assert keys_now(None) == {} and keys_now({"results": [{"content": "!!"}]}) == {}
+
+
+def test_a_control_key_changed_in_one_run_is_refused_with_the_two_run_sequence():
+    findings = check_fleet_keys([engine_host(OLD_CONTROL, **{CONTROL: NEW_CONTROL})])
+    assert [(f.host, f.key) for f in findings] == [("engine01", CONTROL)]
+    text = shown(findings)
+    assert "would refuse this host's engines (401)" in text
+    assert f"list the current one in {RETIRING}" in text and f"then empty {RETIRING}" in text
+    assert OLD_CONTROL not in text and NEW_CONTROL not in text
+
+
+def test_each_run_of_the_two_run_rotation_passes():
+    first = engine_host(OLD_CONTROL, **{CONTROL: NEW_CONTROL, RETIRING: [OLD_CONTROL]})
+    # The second run: the engine hosts present the new key; the old one is dropped.
+    second = engine_host(NEW_CONTROL, **{CONTROL: NEW_CONTROL, RETIRING: []})
+    unchanged = engine_host(OLD_CONTROL, **{CONTROL: OLD_CONTROL})
+    fresh = engine_host(None, **{CONTROL: NEW_CONTROL})
+    assert check_fleet_keys([first, second, unchanged, fresh]) == []
+
+
+def test_dropping_the_retiring_key_before_a_host_moved_is_refused():
+    """The first run failed on engine02: it still presents the old key."""
+    behind = engine_host(OLD_CONTROL, **{CONTROL: NEW_CONTROL, RETIRING: []})
+    assert [f.key for f in check_fleet_keys([behind])] == [CONTROL]
+
+
+def test_a_bad_retiring_list_is_refused_once_for_the_fleet_without_showing_it():
+    for bad in ("not-a-list", ["short"], [NEW_CONTROL], [OLD_CLIENT], [OLD_CONTROL, 7]):
+        hosts = [
+            engine_host(None, **{CONTROL: NEW_CONTROL, CLIENT: OLD_CLIENT, RETIRING: bad})
+            for _ in range(3)
+        ]
+        findings = check_fleet_keys(hosts)
+        assert [f.key for f in findings] == [RETIRING], bad
+        assert NEW_CONTROL not in shown(findings) and OLD_CLIENT not in shown(findings)
+
+
+def test_a_client_key_change_is_refused_until_the_run_says_the_clients_moved():
+    refused = check_fleet_keys([router_host(OLD_CLIENT, **{CLIENT: NEW_CLIENT})])
+    assert [(f.host, f.key) for f in refused] == [("router01", CLIENT)]
+    assert f"-e {CUTOVER}=true" in shown(refused)
+    assert OLD_CLIENT not in shown(refused) and NEW_CLIENT not in shown(refused)
+    for cutover in (True, "true"):
+        assert (
+            check_fleet_keys([router_host(OLD_CLIENT, **{CLIENT: NEW_CLIENT, CUTOVER: cutover})])
+            == []
+        )
+    assert check_fleet_keys([router_host(OLD_CLIENT, **{CLIENT: OLD_CLIENT})]) == []
+
+
+def test_vllm_router_has_no_client_key_to_cut_over():
+    vllm = router_host(OLD_CLIENT, **{CLIENT: NEW_CLIENT, "fleet_router": {"impl": "vllm"}})
+    assert check_fleet_keys([vllm]) == []

@@ -1,0 +1,82 @@
+"""The lab's client load: a client holding two keys rides through a client-key cut-over."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from vllm_fleet.lab.client_load import ClientLoad
+
+
+class Router(BaseHTTPRequestHandler):
+    """Accepts one client key at a time (sglang-router's), answering plain and streamed
+    completions."""
+
+    key = "old-client-key"
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.headers.get("Authorization") != f"Bearer {Router.key}":
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if body.get("stream"):
+            payload = b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n'
+            content_type = "text/event-stream"
+        else:
+            payload = json.dumps({"choices": [{"text": "red"}]}).encode()
+            content_type = "application/json"
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def router() -> Iterator[str]:
+    Router.key = "old-client-key"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Router)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def run_through_cutover(url: str, other_key: str | None) -> ClientLoad:
+    load = ClientLoad(url, "old-client-key", "m", plain=2, streams=1, other_key=other_key)
+    with load:
+        deadline = time.monotonic() + 30
+        while load.stats.plain_ok < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        Router.key = "new-client-key"  # the router restarted with the new key
+        after = load.stats.plain_ok + load.stats.plain_failed
+        while load.stats.plain_ok + load.stats.plain_failed < after + 10:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+    return load
+
+
+def test_a_client_holding_both_keys_follows_the_router_to_the_new_one(router):
+    load = run_through_cutover(router, "new-client-key")
+    stats = load.stats
+    assert stats.plain_failed == 0 and stats.streams_cut == stats.streams_refused == 0
+    assert stats.plain_ok >= 15 and stats.streams_ok >= 1
+    # Each of the three clients switched once, on its first 401.
+    assert stats.key_switches == 3
+
+
+def test_a_client_with_one_key_is_refused_after_the_cutover(router):
+    stats = run_through_cutover(router, None).stats
+    assert stats.plain_failed >= 10 and stats.key_switches == 0
+    assert all(f.startswith("HTTP 401") for f in stats.failures)
