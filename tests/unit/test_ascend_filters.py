@@ -61,6 +61,12 @@ def test_version_info_reads_the_first_version_line() -> None:
     assert af.ascend_version_info("no version here\n") == ""
 
 
+def test_the_probes_version_files_are_parsed_on_the_controller() -> None:
+    """The host-side probe sends each file's text; the one parser reads them."""
+    files = {"driver": "Version=25.2.0\nascendhal_version=7.35.23\n", "nnal": ""}
+    assert af.ascend_versions(files) == {"driver": "25.2.0", "nnal": ""}
+
+
 def test_a_good_inventory_has_no_problems() -> None:
     assert (
         af.ascend_validate(packages(), "/srv/pkgs", "", {"cann": "9.1.0", "nnal": "9.1.0"}, "h1")

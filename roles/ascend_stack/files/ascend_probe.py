@@ -1,7 +1,9 @@
 """Read what is installed, without changing anything: the version files, npu-smi, reboot marker.
 
 Run on the host by ascend_stack (ansible.builtin.script). Argument: a JSON object
-{"versions": {kind: path}, "npu_smi": path, "marker": path}. Prints one JSON object.
+{"versions": {kind: path}, "npu_smi": path, "marker": path}. Prints one JSON object with each
+version file's text as it is: the role parses it on the controller with the one parser of
+those files (vllm_fleet.preflight.facts.parse_version_info).
 """
 
 from __future__ import annotations
@@ -10,17 +12,16 @@ import json
 import os
 import sys
 
+# A version file is a few lines; more than this is not one.
+LIMIT = 16384
 
-def first_version(path: str) -> str:
+
+def text_of(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                key, sep, value = line.partition("=")
-                if sep and key.strip().lower() == "version":
-                    return value.strip()
+            return handle.read(LIMIT)
     except OSError:
-        pass
-    return ""
+        return ""
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "versions": {kind: first_version(path) for kind, path in spec["versions"].items()},
+                "version_files": {kind: text_of(path) for kind, path in spec["versions"].items()},
                 "npu_smi": os.access(spec["npu_smi"], os.X_OK),
                 "reboot_pending": pending,
             }

@@ -41,6 +41,11 @@ def ascend_version_info(text: str) -> str:
     return parse_version_info(text)
 
 
+def ascend_versions(files: dict[str, str]) -> dict[str, str]:
+    """Package kind -> its installed version, from the probe's version file texts."""
+    return {kind: parse_version_info(text) for kind, text in files.items()}
+
+
 def ascend_validate(
     packages: object,
     source_dir: str,
@@ -188,6 +193,7 @@ def ascend_resolution_problems(result: dict[str, object], root: str, host: str) 
 FILTERS = {
     "ascend_stack_npu_smi": ascend_npu_smi,
     "ascend_stack_version_info": ascend_version_info,
+    "ascend_stack_versions": ascend_versions,
     "ascend_stack_validate": ascend_validate,
     "ascend_stack_install_plan": ascend_install_plan,
     "ascend_stack_env_capture": ascend_env_capture,
