@@ -6,6 +6,7 @@ fake clock, while probes and router calls really go over loopback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -29,7 +30,7 @@ from tests.unit.router_fixtures import (
     wait_until,
 )
 from vllm_fleet.router import hold
-from vllm_fleet.router.client import RouterTarget, router_client
+from vllm_fleet.router.client import RouterError, RouterTarget, router_client
 from vllm_fleet.watchdog import journal
 from vllm_fleet.watchdog.config import WatchdogConfig
 from vllm_fleet.watchdog.groups import GroupConfigError, load_group
@@ -713,3 +714,57 @@ def test_a_timed_out_probe_of_a_busy_engine_is_not_a_failure():
     # Only timeouts are excused; an error answer is a failure however busy the engine is.
     refused = ProbeResult(False, 0.1, "HTTP 500: boom")
     assert judge_timeout(refused, before=1.0, after=9.0) is refused
+
+
+class HungRouter:
+    """A router that accepts connections and never answers, until released."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.accepted: list[socket.socket] = []
+        self.released = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while not self.released.is_set():
+                connection, _ = self.listener.accept()
+                self.accepted.append(connection)
+
+    def release(self) -> None:
+        self.released.set()
+        for connection in self.accepted:
+            connection.close()
+        self.listener.close()
+
+
+def test_a_hung_router_holds_up_neither_the_other_router_nor_the_next_pass(
+    tmp_path, sglang_router, engine, units, capsys
+):
+    """The hung router comes first; its calls would wait 60 s. The group still joins the
+    other router within the pass, and the next pass does not call the hung one again while
+    its call is outstanding."""
+    hung = HungRouter()
+    _, config = write_setup(tmp_path, {"g0": engine}, [hung, sglang_router])
+    specs = [load_group(config, group) for group in config.groups]
+    routers = [
+        (config.routers[0], router_client(config.routers[0], CONTROL_KEY, timeout=60)),
+        (config.routers[1], router_client(config.routers[1], CONTROL_KEY, timeout=2)),
+    ]
+    watchdog = Watchdog(config, specs, units, routers, WatchdogMetrics(), clock=FakeClock())
+    try:
+        watchdog.run_pass()
+        wait_until(
+            lambda: engine.url in listed(sglang_router), what="the join beside a hung router"
+        )
+        assert not hung.released.is_set()
+        watchdog.run_pass()
+        assert len(hung.accepted) == 1, "the hung router was called again while still waited on"
+    finally:
+        hung.release()
+        watchdog.close()
+        with contextlib.suppress(RouterError):
+            router_client(RouterTarget(impl="sglang", url=sglang_router.url), CONTROL_KEY).leave(
+                engine.url
+            )

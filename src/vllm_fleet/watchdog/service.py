@@ -89,6 +89,9 @@ class RouterView:
     client: RouterClient
     down: bool = False  # the last listing failed
     last_error: str | None = None  # logged once, not every interval
+    # This router's reconciliation, run beside the other routers': one that hangs holds up
+    # neither the others nor the probes (it is skipped until its calls time out).
+    inflight: Future[None] | None = None
 
 
 # What a router's registration carries: a change to any of these replaces it.
@@ -134,9 +137,14 @@ class Watchdog:
         ]
         self.routers = [RouterView(target, client) for target, client in routers]
         self._pool = ThreadPoolExecutor(max_workers=max(2, len(specs)), thread_name_prefix="probe")
+        self._router_pool = ThreadPoolExecutor(
+            max_workers=max(1, len(self.routers)), thread_name_prefix="router"
+        )
+        self._emitting = threading.Lock()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._router_pool.shutdown(wait=False, cancel_futures=True)
         for view in self.groups:
             view.http.close()
         for router in self.routers:
@@ -283,27 +291,44 @@ class Watchdog:
                 )
 
     def _reconcile(self) -> None:
+        """Every router at once, each in its own thread; the pass waits for them up to one
+        interval (a restart below must follow the leaves before it), and a router still busy
+        from an earlier pass (hung, until its calls time out) is skipped."""
+        wanted = {view.spec.group: self._wants_registered(view) for view in self.groups}
+        started = []
         for router in self.routers:
-            name = router.target.url
-            try:
-                listed = set(router.client.workers())
-            except RouterError as err:
-                router.down = True
-                self._router_failed(router, err)
+            if router.inflight is not None and not router.inflight.done():
                 continue
-            if router.down:
-                router.down, router.last_error = False, None
-                self._emit("info", "router_ok", f"router {name} answers again", router=name)
-            for view in self.groups:
-                self._retire(router, view, listed)
-                present = view.spec.advertise_url in listed
-                if self.act and present != self._wants_registered(view):
-                    try:
-                        present = self._converge(router, view)
-                    except RouterError as err:
-                        self._router_failed(router, err, view)
-                view.registered[name] = present
-                self.metrics.registered.labels(group=view.spec.group, router=name).set(present)
+            router.inflight = self._router_pool.submit(self._reconcile_router, router, wanted)
+            started.append((router, router.inflight))
+        wait([future for _, future in started], timeout=max(1.0, self.config.interval_seconds))
+        for router, future in started:
+            if future.done() and future.exception() is not None:
+                message = f"reconciling router {router.target.url} failed: {future.exception()!r}"
+                self._emit("error", "router_reconcile_failed", message, router=router.target.url)
+
+    def _reconcile_router(self, router: RouterView, wanted: dict[str, bool]) -> None:
+        name = router.target.url
+        try:
+            listed = set(router.client.workers())
+        except RouterError as err:
+            router.down = True
+            self._router_failed(router, err)
+            return
+        if router.down:
+            router.down, router.last_error = False, None
+            self._emit("info", "router_ok", f"router {name} answers again", router=name)
+        for view in self.groups:
+            self._retire(router, view, listed)
+            present = view.spec.advertise_url in listed
+            wants = wanted.get(view.spec.group, False)
+            if self.act and present != wants:
+                try:
+                    present = self._converge(router, view, wants)
+                except RouterError as err:
+                    self._router_failed(router, err, view)
+            view.registered[name] = present
+            self.metrics.registered.labels(group=view.spec.group, router=name).set(present)
 
     def _retire(self, router: RouterView, view: GroupView, listed: set[str]) -> None:
         """Take the group's registrations under its previous settings off this router."""
@@ -323,7 +348,8 @@ class Watchdog:
                 self._emit("info", "left", message, view, router=name, url=url)
             pending.discard(name)
             if not pending:
-                del view.retired[url]
+                # Another router's thread may have emptied and removed it first.
+                view.retired.pop(url, None)
 
     def _wants_registered(self, view: GroupView) -> bool:
         """The state machine's wish, unless an upgrade holds the group out of the routers."""
@@ -334,10 +360,10 @@ class Watchdog:
             self._emit("info", "held" if held else "unheld", message, view)
         return view.machine.should_register and not held and not view.removed
 
-    def _converge(self, router: RouterView, view: GroupView) -> bool:
+    def _converge(self, router: RouterView, view: GroupView, wants: bool) -> bool:
         """Join or leave as wanted; returns whether the group is now listed."""
         spec, name = view.spec, router.target.url
-        if not self._wants_registered(view):
+        if not wants:
             if router.client.leave(spec.advertise_url):
                 self._emit("info", "left", f"removed from router {name}", view, router=name)
             return False
@@ -376,7 +402,8 @@ class Watchdog:
             return
         group = view.spec.group if view else None
         state = view.machine.state.value if view else None
-        journal.emit(level, event, message, group=group, state=state, out=self.out, **fields)
+        with self._emitting:  # the routers' threads emit too: one whole line at a time
+            journal.emit(level, event, message, group=group, state=state, out=self.out, **fields)
 
     # -- reporting and the loop ---------------------------------------------------------
 
