@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e e2e-all chaos matrix test test-all bench bench-router bench-upgrade bench-hash drift clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e e2e-all chaos matrix test test-all bench bench-check bench-router bench-upgrade bench-hash drift clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -75,6 +75,12 @@ bench: prepare ## lab bring-up time by phase and the re-run's fraction; then ben
 	$(BIN)/python bench/lab_bringup.py
 	$(MAKE) bench-router
 	$(MAKE) bench-upgrade
+
+bench-check: venv ## make test-all's last layer, on the lab e2e-all leaves up: each bench's own checks, quick sizes
+	$(BIN)/python bench/kv_planner_accuracy.py
+	$(BIN)/python bench/hash_bench.py --gib 0.1
+	$(BIN)/python bench/router_bench.py --questions 6
+	$(BIN)/python bench/upgrade_bench.py
 
 bench-router: venv ## on the lab: router overhead; prefix-cache hits per policy vs ideal
 	$(BIN)/python bench/router_bench.py

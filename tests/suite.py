@@ -3,7 +3,8 @@
 Each layer is a make target; the first that fails stops the run (the later ones would only
 repeat its failure), and the table says which layer failed and how long each took.
 ``test`` is what CI runs: every mechanism once. ``test-all`` adds every further row of the
-change and fault matrices (pytest marker ``full``).
+change and fault matrices (pytest marker ``full``), every Molecule scenario, and the benches'
+own checks in quick sizes on the lab the matrices leave up (``make bench-check``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ LAYERS: dict[str, list[tuple[str, str, dict[str, str]]]] = {
         ("unit", "unit", {}),
         ("molecule", "molecule", {"VLLM_FLEET_MOLECULE_ALL": "1"}),
         ("lab", "e2e-all", {}),
+        ("bench", "bench-check", {}),
     ],
 }
 

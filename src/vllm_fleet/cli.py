@@ -400,7 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
         "router-inflight", help="requests the router on this host is working on now (a number)"
     )
     p.add_argument("--metrics-url", required=True, help="the router's Prometheus endpoint")
-    p.add_argument("--metric", required=True, help="its in-flight gauge (catalog/routers.yml)")
+    p.add_argument(
+        "--metric",
+        required=True,
+        action="append",
+        help="an in-flight gauge (catalog/routers.yml); repeat it for each router release",
+    )
     p.set_defaults(func=_cmd_router_inflight)
     return parser
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import httpx
 
-from tests.lab.conftest import ROOT, in_host
+from tests.support.lab import ROOT, in_host
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.paths import LAB_ROUTER_URL
 

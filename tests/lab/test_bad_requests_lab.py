@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from tests.lab.conftest import ENGINES, ROOT, engine_key, in_host
+from tests.support.lab import ENGINES, ROOT, engine_key, in_host
 from vllm_fleet.lab.paths import LAB_ROUTER_URL
 
 ROUTER = LAB_ROUTER_URL

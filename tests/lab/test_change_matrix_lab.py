@@ -35,7 +35,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.lab.conftest import (
+from tests.lab.faults import ROUTER, ROUTERS, VIP, secret, vip_holder, wait_until
+from tests.support.lab import (
     CACHE,
     ENGINES,
     MATRIX,
@@ -47,10 +48,10 @@ from tests.lab.conftest import (
     in_host,
     playbook,
 )
-from tests.lab.faults import ROUTER, ROUTERS, VIP, secret, vip_holder, wait_until
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.paths import LabPaths
 from vllm_fleet.lab.rotation import RotationSampler
+from vllm_fleet.router.client import RouterTarget, identify, router_client
 from vllm_fleet.weights.publish import publish
 
 VARIANT = "change-matrix"
@@ -110,6 +111,8 @@ class Matrix:
 
     def __init__(self) -> None:
         self.inventory = read_inventory()
+        # "TASK name: host" of each change the last idempotent rerun made (none, when it held).
+        self.rerun_changes: list[str] = []
 
     def apply(
         self,
@@ -169,6 +172,7 @@ class Matrix:
             second = playbook(playbook_path, "-i", str(path), *tag_args(tags), *extra)
             assert second.returncode == 0, second.output[-4000:]
             rerun_changed = sum(h["changed"] for h in second.recap().values())
+            self.rerun_changes = changed_tasks(second.output)
         row = MatrixRow(
             change,
             Path(playbook_path).name + (f" -t {tags}" if tags else ""),
@@ -183,6 +187,17 @@ class Matrix:
         if run.returncode == 0:
             self.inventory = target
         return row, run
+
+
+def changed_tasks(output: str) -> list[str]:
+    """Each "changed: [host]" of a playbook's output, with the task it came from."""
+    task, found = "", []
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line.split("]", 1)[0].removeprefix("TASK [")
+        elif line.startswith("changed: ["):
+            found.append(f"{task}: {line.split('[', 1)[1].split(']', 1)[0]}")
+    return found
 
 
 def tag_args(tags: str) -> list[str]:
@@ -593,12 +608,16 @@ def test_a_router_holding_the_vip_is_not_restarted_while_no_other_can_take_it(ma
     matrix.inventory = target
 
 
-def assert_through_vip_moves(row: MatrixRow, run: PlaybookRun, moved: int) -> None:
+def assert_through_vip_moves(
+    row: MatrixRow, run: PlaybookRun, moved: int, *, must_move: bool = True
+) -> None:
     """A row that restarts the routers: each moved the VIP at most once; the clients lost
-    nothing but what a VIP move costs them (see the router-policy row)."""
+    nothing but what a VIP move costs them (see the router-policy row). ``must_move``
+    False: a row whose router restart depends on the state the rows before left (with no
+    move, nothing may be lost at all)."""
     plain_clients = 2  # Matrix.apply's load: 2 non-streaming clients and 1 streaming one
     assert run.returncode == 0, run.output[-6000:]
-    assert 1 <= moved <= len(ROUTERS), moved
+    assert (1 if must_move else 0) <= moved <= len(ROUTERS), moved
     stats = row.stats
     assert stats.plain_ok > 0 and stats.plain_failed == 0, stats.failures[:5]
     assert stats.plain_retried <= moved * plain_clients, stats.line()
@@ -822,6 +841,26 @@ def test_a_key_rotation_the_routers_would_refuse_mid_run_is_refused(matrix):
     assert {host: engine_settings(host) for host in ENGINES} == before
 
 
+def cut_over(
+    matrix: Matrix, change: str, edit: Callable[[Inventory], None], other_key: str
+) -> None:
+    """A change of the key clients must present, announced to the run (the cut-over flag),
+    with clients that hold the old key and other_key and retry a 401 with the other; it
+    restarts the routers, so the bound is the VIP moves'."""
+    moves = vip_moves()
+    row, run = matrix.apply(
+        change,
+        edit,
+        extra=("-e", "fleet_router_client_key_cutover=true"),
+        other_client_key=other_key,
+        retries=SDK_RETRIES,
+    )
+    assert_through_vip_moves(row, run, vip_moves() - moves)
+    assert row.rerun_changed == 0, matrix.rerun_changes
+    assert_host_matches(matrix.inventory)
+    assert row.stats.key_switches >= 1, "the load never met the router's new key"
+
+
 @pytest.mark.full
 def test_keys_rotate_under_load(matrix):
     """The engine key and the control key in one run, the old control key retiring (the
@@ -864,18 +903,7 @@ def test_keys_rotate_under_load(matrix):
     def cutover(inv: Inventory) -> None:
         fleet_of(inv)["fleet_router_client_key"] = client
 
-    moves = vip_moves()
-    row, run = matrix.apply(
-        "client key cut over (clients hold both)",
-        cutover,
-        extra=("-e", "fleet_router_client_key_cutover=true"),
-        other_client_key=client,
-        retries=SDK_RETRIES,
-    )
-    assert_through_vip_moves(row, run, vip_moves() - moves)
-    assert row.rerun_changed == 0
-    assert_host_matches(matrix.inventory)
-    assert row.stats.key_switches >= 1, "the load never met the new client key"
+    cut_over(matrix, "client key cut over (clients hold both)", cutover, client)
     keep_lab_secret("router_client_key", client)
     body = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}
     for key, status in [(old_client, 401), (client, 200)]:
@@ -886,3 +914,113 @@ def test_keys_rotate_under_load(matrix):
             timeout=60,
         )
         assert answer.status_code == status, answer.text
+
+
+@pytest.mark.full
+def test_an_engine_group_removed_and_one_added(matrix):
+    """engine02's only group leaves the inventory while engine01 keeps serving the name: it
+    is drained out of the routers, stopped, and its files and hold removed, though nothing
+    else on the host changes (before, a removal alone skipped the whole rolling block and
+    left the group serving). Then a group is added: held out of the routers until checked,
+    then released. The routers' admission limit follows the engines' capacity, so each run
+    restarts the routers too, one at a time behind the VIP (unless a run before already
+    moved them to that limit)."""
+    original = json.loads(json.dumps(groups_of(matrix.inventory, "engine02")))
+
+    def remove(inv: Inventory) -> None:
+        inv["host_vars/engine02.yml"]["fleet_engine_groups"] = []
+
+    moves = vip_moves()
+    row, run = matrix.apply("engine group removed (engine02/g0)", remove, retries=SDK_RETRIES)
+    assert_through_vip_moves(row, run, vip_moves() - moves, must_move=False)
+    assert row.rerun_changed == 0, matrix.rerun_changes
+    assert_host_matches(matrix.inventory)
+    assert not exists("engine02", "/etc/vllm-fleet/engines/g0.json")
+    assert not exists("engine02", "/var/lib/vllm-fleet/hold/g0")
+    active = in_host("engine02", "systemctl", "is-active", "vllm-engine@g0.service", check=False)
+    assert active.stdout.strip() in ("inactive", "failed"), active.stdout
+    assert serving_hosts() == ["engine01"]
+
+    def add(inv: Inventory) -> None:
+        inv["host_vars/engine02.yml"]["fleet_engine_groups"] = original
+
+    moves = vip_moves()
+    row, run = matrix.apply("  then an engine group added (engine02/g0)", add, retries=SDK_RETRIES)
+    assert_through_vip_moves(row, run, vip_moves() - moves, must_move=False)
+    assert row.rerun_changed == 0, matrix.rerun_changes
+    assert_host_matches(matrix.inventory)
+    assert serving_hosts() == sorted(ENGINES)
+
+
+def serving_hosts() -> list[str]:
+    """The engine hosts the router (either implementation) routes to now."""
+    client = router_client(RouterTarget(impl="sglang", url=ROUTER), secret("router_control_key"))
+    try:
+        return sorted({httpx.URL(url).host for url in client.healthy()})
+    finally:
+        client.close()
+
+
+@pytest.mark.full
+def test_the_router_implementation_changes_and_back(matrix):
+    """sglang-router -> vllm-router -> sglang-router, both real. The routers restart one at a
+    time behind the VIP into the other implementation before the engine hosts' settings say
+    so: the watchdogs and engines ask each router what it is and register with it as such.
+    vllm-router passes the client's key through to the engines, so the key clients present
+    changes (engine key vs client key): a cut-over, which the clients ride holding both. Under
+    vllm-router's cache_aware policy the engines restart with --enable-scale-out (rolled)."""
+    client_key, engine_key = secret("router_client_key"), secret("engine_api_key")
+    # vllm-router has no mode that routes by model: it serves the lab's one name as such.
+    multi_model = fleet_of(matrix.inventory)["fleet_router"].get("multi_model")
+    for impl, other_key in [("vllm", engine_key), ("sglang", client_key)]:
+
+        def to(inv: Inventory, impl: str = impl) -> None:
+            fleet_of(inv)["fleet_router"]["impl"] = impl
+            fleet_of(inv)["fleet_router"]["multi_model"] = (
+                multi_model if impl == "sglang" else False
+            )
+
+        cut_over(matrix, f"router implementation -> {impl} (clients hold both keys)", to, other_key)
+        for host in ROUTERS:
+            config = json.loads(in_host(host, "cat", "/etc/vllm-fleet/router.json").stdout)
+            assert config["impl"] == impl, (host, config)
+            assert identify(f"http://{host}:30000") == impl
+        assert serving_hosts() == sorted(ENGINES)
+        scale_out = "--enable-scale-out" in json.dumps(engine_settings("engine01"))
+        assert scale_out == (impl == "vllm")
+
+
+@pytest.mark.full
+def test_a_vip_removed_from_the_inventory_is_taken_down(matrix):
+    """fleet_router.vip removed: keepalived stops on every router host (so no router keeps
+    announcing the address), the VIP's timer, scripts and metric go; each router serves on
+    its own address. Added back, the VIP serves again. (Clients of the VIP lose it in
+    between: an operator moves them to a router's own address first.)"""
+    textfile = "/var/lib/prometheus/node-exporter/vllm_fleet_router_vip.prom"
+
+    def without(inv: Inventory) -> None:
+        del fleet_of(inv)["fleet_router"]["vip"]
+
+    removed = playbook(
+        "site.yml", "-i", str(write_inventory(edited(matrix, without))), "--tags", "router"
+    )
+    assert removed.returncode == 0, removed.output[-4000:]
+    for host in ROUTERS:
+        state = in_host(host, "systemctl", "is-active", "keepalived.service", check=False)
+        assert state.stdout.strip() == "inactive", (host, state.stdout)
+        for path in (CHECK, textfile, "/etc/systemd/system/vllm-fleet-router-vip-state.timer"):
+            assert not exists(host, path), (host, path)
+    assert vip_holder() is None
+    headers = {"Authorization": f"Bearer {secret('router_client_key')}"}
+    body = {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1}
+    for host in ROUTERS:
+        answer = httpx.post(
+            f"http://{host}:30000/v1/completions", json=body, headers=headers, timeout=60
+        )
+        assert answer.status_code == 200, (host, answer.text)
+
+    back = playbook("site.yml", "-i", str(write_inventory(matrix.inventory)), "--tags", "router")
+    assert back.returncode == 0, back.output[-4000:]
+    assert vip_holder() in ROUTERS
+    answer = httpx.post(f"{ROUTER}/v1/completions", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 200, answer.text

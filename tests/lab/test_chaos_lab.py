@@ -26,15 +26,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.lab.conftest import (
-    CACHE,
-    CHAOS_MATRIX,
-    ChaosRow,
-    TwoRuns,
-    engine_key,
-    in_host,
-    pinned_revision,
-)
 from tests.lab.faults import (
     DETECTION_BOUND,
     DIRECT,
@@ -52,6 +43,15 @@ from tests.lab.faults import (
     wait_until,
     watchdog_state,
     workers,
+)
+from tests.support.lab import (
+    CACHE,
+    CHAOS_MATRIX,
+    ChaosRow,
+    TwoRuns,
+    engine_key,
+    in_host,
+    pinned_revision,
 )
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.variants import LAB_MODEL, publish_revision, remove_revision

@@ -10,8 +10,8 @@ from __future__ import annotations
 import ipaddress
 import re
 
-from tests.lab.conftest import ENGINES, in_host
 from tests.lab.faults import secret
+from tests.support.lab import ENGINES, in_host
 
 ROUTER_HOST = "router01"
 ROUTER_HOSTS = ("router01", "router02")

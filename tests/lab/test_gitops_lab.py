@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from tests.lab.conftest import ROOT, in_host
+from tests.support.lab import ROOT, in_host
 
 PIPELINE = ROOT / "examples/pipelines/gitlab-ci.yml"
 DRIFT_MD = ROOT / "reports/drift/drift.md"

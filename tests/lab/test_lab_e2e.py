@@ -11,7 +11,7 @@ import subprocess
 import pytest
 import yaml
 
-from tests.lab.conftest import (
+from tests.support.lab import (
     CACHE,
     ENGINES,
     ROOT,

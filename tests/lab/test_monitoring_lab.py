@@ -15,8 +15,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.lab.conftest import ROOT, in_host
 from tests.lab.faults import ROUTERS, VIP, vip_holder
+from tests.support.lab import ROOT, in_host
 from vllm_fleet.lab.paths import LAB_ROUTER_URL
 from vllm_fleet.monitoring.dashboard import load_dashboard, panel_queries, render_query
 

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.lab.conftest import in_host
 from tests.lab.faults import (
     BUDGET,
     DIRECT,
@@ -34,6 +33,7 @@ from tests.lab.faults import (
     watchdog_state,
     workers,
 )
+from tests.support.lab import in_host
 
 
 @pytest.fixture

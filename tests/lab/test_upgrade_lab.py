@@ -20,7 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.lab.conftest import (
+from tests.lab.faults import ENGINE_URLS, MODEL, ROUTER, secret, wait_until, workers
+from tests.support.lab import (
     CACHE,
     ENGINES,
     ROOT,
@@ -30,7 +31,6 @@ from tests.lab.conftest import (
     playbook,
     smoke_in,
 )
-from tests.lab.faults import ENGINE_URLS, MODEL, ROUTER, secret, wait_until, workers
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.rotation import RotationSampler
 from vllm_fleet.lab.variants import inventory_variant, publish_revision, remove_revision

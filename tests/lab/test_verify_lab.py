@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.conftest import ROOT, in_host, playbook
+from tests.support.lab import ROOT, in_host, playbook
 
 VERIFIER = "router01"
 WORK = "/var/lib/vllm-fleet/verify-test"

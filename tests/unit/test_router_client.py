@@ -16,9 +16,16 @@ from tests.unit.router_fixtures import (
     running_engine,
     running_router,
     sglang_listing,
+    start_router,
     wait_until,
 )
-from vllm_fleet.router.client import RouterError, RouterTarget, router_client
+from vllm_fleet.router.client import (
+    RouterError,
+    RouterTarget,
+    RouterUnreachable,
+    identify,
+    router_client,
+)
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +159,47 @@ def test_router_target_forbids_unknown_fields():
         RouterTarget.model_validate({"impl": "sglang", "url": "http://r:30000", "key": "x"})
     with pytest.raises(ValidationError):
         RouterTarget.model_validate({"impl": "nginx", "url": "http://r:30000"})
+
+
+def test_a_router_replaced_by_the_other_implementation_is_followed(tmp_path, engine: FakeEngine):
+    """fleet_router.impl changes: each router restarts as the other implementation at the
+    same address before the engine hosts' settings say so. The client asks the router what
+    it is after a failure, and repeats the operation with the right client."""
+    port = free_port()
+    client = router_client(RouterTarget(impl="sglang", url=f"http://127.0.0.1:{port}"), CONTROL_KEY)
+    for impl in ("vllm", "sglang", "vllm"):
+        router = start_router(impl, tmp_path / f"{impl}.log", port=port)
+        try:
+            assert identify(router.url) == impl
+            assert client.join(engine.url, ENGINE_KEY, engine.served_name) is True
+            wait_until(lambda: engine.url in client.healthy(), what=f"the worker on {impl}")
+            # What a drain checks before it moves a group: its model's other engines serve.
+            assert client.serving(engine.served_name) == [engine.url]
+            assert client.leave(engine.url) is True
+            assert engine.url not in client.workers()
+            # vllm-router answers sglang's join (POST /workers) too; its listing has no
+            # worker ids, which the removal needs: by then the client has asked.
+            assert client.impl == impl
+        finally:
+            router.stop()
+
+
+def test_a_refusal_is_not_taken_for_the_other_implementation(sglang_router):
+    """A wrong control key stays a refusal: the router is sglang, so nothing is retried."""
+    client = sglang(sglang_router, "not-the-control-key-at-all")
+    with pytest.raises(RouterError, match="HTTP 401"):
+        client.workers()
+    assert client.impl == "sglang"
+
+
+def test_an_unreachable_router_is_not_asked_again():
+    """No answer says nothing of which router it is; asking would wait once more."""
+    target = RouterTarget(impl="vllm", url=f"http://127.0.0.1:{free_port()}")
+    client = router_client(target, None, timeout=1)
+    with pytest.raises(RouterUnreachable):
+        client.workers()
+    assert client.impl == "vllm"
+
+
+def test_identify_says_nothing_of_an_address_where_no_router_answers():
+    assert identify(f"http://127.0.0.1:{free_port()}", timeout=1) is None

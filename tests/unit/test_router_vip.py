@@ -75,6 +75,7 @@ smg_http_connections_active 7
 def test_in_flight_is_the_sum_over_the_engines_of_the_routers_own_gauge():
     assert inflight(METRICS, "smg_worker_requests_active") == 3
     assert inflight(METRICS, "vllm_router_running_requests") == 0
+    assert inflight(METRICS, "vllm_router_running_requests", "smg_worker_requests_active") == 3
 
 
 def ready(host: str, status: int, msg: str = "") -> dict[str, object]:

@@ -6,7 +6,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import httpx
+from vllm_fleet.router.client import RouterError, RouterTarget, router_client
 
 
 @dataclass
@@ -31,14 +31,15 @@ class Rotation:
 
 
 class RotationSampler:
-    """Polls sglang-router's ``GET /workers`` (control key) every ``interval`` seconds."""
+    """Polls the router's healthy workers every ``interval`` seconds (either router: the
+    client asks the router which it is, so a router replaced by the other is followed)."""
 
     def __init__(
         self, router_url: str, control_key: str, urls: list[str], interval: float = 0.25
     ) -> None:
         self.rotation = Rotation(urls=[u.rstrip("/") for u in urls])
-        self._url = f"{router_url.rstrip('/')}/workers"
-        self._headers = {"Authorization": f"Bearer {control_key}"}
+        self._target = RouterTarget(impl="sglang", url=router_url)
+        self._control_key = control_key
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rotation", daemon=True)
@@ -53,13 +54,15 @@ class RotationSampler:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        with httpx.Client(headers=self._headers, timeout=2.0) as client:
+        client = router_client(self._target, self._control_key, timeout=2.0)
+        try:
             while not self._stop.is_set():
                 try:
-                    workers = client.get(self._url).json()["workers"]
-                    served = {str(w["url"]).rstrip("/"): bool(w["is_healthy"]) for w in workers}
-                    state = {url: served.get(url, False) for url in self.rotation.urls}
+                    served = set(client.healthy())
+                    state = {url: url in served for url in self.rotation.urls}
                     self.rotation.samples.append((time.monotonic() - self._started, state))
-                except (httpx.HTTPError, ValueError, KeyError):
+                except (RouterError, KeyError):
                     self.rotation.errors += 1
                 self._stop.wait(self._interval)
+        finally:
+            client.close()

@@ -12,14 +12,20 @@ from each router's restart on: there is no two-key window to offer. Preflight re
 change until the operator says, for the one run, that the clients are ready
 (``-e fleet_router_client_key_cutover=true``).
 
-The keys a host uses now come from the probe's slurp of its router.env and watchdog.env;
-keys are compared, never shown.
+Changing the router implementation changes the key clients present: sglang-router checks
+its client key, vllm-router passes the client's Authorization header through to the engines,
+which check the engine key. Unless the two keys are the same, that is a client-key cut-over
+too, refused the same way.
+
+The keys a host uses now come from the probe's slurp of its router.env and watchdog.env, and
+the router it runs from its router.json; keys are compared, never shown.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Mapping
 
 from vllm_fleet.env_file import parse_env
@@ -29,6 +35,8 @@ CONTROL = "fleet_router_control_key"
 RETIRING = "fleet_router_control_keys_retiring"
 CLIENT = "fleet_router_client_key"
 CUTOVER = "fleet_router_client_key_cutover"
+ENGINE_KEY = "fleet_engine_api_key"
+IMPL = "fleet_router.impl"
 CONTROL_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
 CLIENT_ENV = "VLLM_FLEET_ROUTER_CLIENT_KEY"
 TWO_RUNS = (
@@ -39,8 +47,9 @@ TWO_RUNS = (
 
 
 def keys_now(slurped: object) -> dict[str, dict[str, str]]:
-    """File name (router.env, watchdog.env) -> its variables, from the probe's slurp loop
-    (``{results: [{item: path, content: base64}]}``); files absent or unreadable are left out."""
+    """File name (router.env, watchdog.env, router.json) -> its variables (a JSON file's
+    top-level strings), from the probe's slurp loop (``{results: [{item: path, content:
+    base64}]}``); files absent or unreadable are left out."""
     results = slurped.get("results", []) if isinstance(slurped, Mapping) else []
     found = {}
     for result in results if isinstance(results, list) else []:
@@ -50,8 +59,19 @@ def keys_now(slurped: object) -> dict[str, dict[str, str]]:
             text = base64.b64decode(str(result["content"]), validate=True).decode()
         except (ValueError, binascii.Error):
             continue
-        found[str(result.get("item", "")).rsplit("/", 1)[-1]] = parse_env(text)
+        name = str(result.get("item", "")).rsplit("/", 1)[-1]
+        found[name] = _json_strings(text) if name.endswith(".json") else parse_env(text)
     return found
+
+
+def _json_strings(text: str) -> dict[str, str]:
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(k): v for k, v in data.items() if isinstance(v, str)}
 
 
 def check_keys(host: HostInput) -> list[Finding]:
@@ -80,7 +100,14 @@ def check_keys(host: HostInput) -> list[Finding]:
     client = v.get(CLIENT)
     cut_over = v.get(CUTOVER) in (True, "true", "True", "yes")
     changed = bool(client_now) and isinstance(client, str) and client != client_now
-    if changed and _impl(v) == "sglang" and not cut_over:
+    impl_now = files.get("router.json", {}).get("impl")
+    impl = _impl(v)
+    if impl_now and impl_now != impl:
+        if not cut_over and _clients_present(v, impl_now, client_now) != _clients_present(
+            v, impl, client
+        ):
+            findings.append(_impl_finding(host.name, impl_now, impl))
+    elif changed and impl == "sglang" and not cut_over:
         findings.append(
             Finding(
                 host.name,
@@ -95,6 +122,29 @@ def check_keys(host: HostInput) -> list[Finding]:
             )
         )
     return findings
+
+
+def _clients_present(variables: Mapping[str, object], impl: str, client_key: object) -> object:
+    """The key a client must present to be served through this router."""
+    return client_key if impl == "sglang" else variables.get(ENGINE_KEY)
+
+
+def _impl_finding(host: str, now: str, new: str) -> Finding:
+    what = {
+        "sglang": f"sglang-router checks {CLIENT}",
+        "vllm": f"vllm-router passes the client's key to the engines, which check {ENGINE_KEY}",
+    }
+    return Finding(
+        host,
+        IMPL,
+        new,
+        f"changes the key clients present (this host runs {now} now): {what[now]}; "
+        f"{what[new]}. From this router's restart on, clients still presenting the key "
+        f"{now} takes get 401",
+        "give the clients the key the new router takes first (a client holding both keys "
+        f"can retry a 401 with the other), then run once with -e {CUTOVER}=true; or keep "
+        f"impl: {now}",
+    )
 
 
 def _impl(variables: Mapping[str, object]) -> str:

@@ -9,15 +9,23 @@ meanwhile starts a second add job that retries just as long. The client therefor
 remembers the worker ids of adds it queued and, while ``GET /workers/{id}`` still shows
 that add in flight, counts the worker as present. vllm-router (0.1.x) adds synchronously
 (``POST /add_worker`` returns once the worker is healthy) and has no control-plane auth.
+
+A router can be replaced by the other implementation at the same address (an operator
+changes ``fleet_router.impl``; the routers restart one at a time before the engine hosts
+learn of it), so the client the fleet uses asks each router what it is, and asks again
+after any failure, rather than trusting its settings.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from collections.abc import Callable
+from typing import Any, Literal, Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ConfigDict
+
+T = TypeVar("T")
 
 # Job states in which a queued sglang add may still register its worker.
 _SGLANG_JOB_DONE = ("failed", "completed")
@@ -34,9 +42,14 @@ class RouterError(Exception):
     """A router refused or failed an operation (the message never holds a key)."""
 
 
+class RouterUnreachable(RouterError):
+    """No answer at all (refused, reset, timed out): nothing says which router it is."""
+
+
 class RouterClient(Protocol):
     def workers(self) -> list[str]: ...
     def serving(self, model_id: str) -> list[str]: ...
+    def healthy(self) -> list[str]: ...
     def join(self, url: str, api_key: str, model_id: str) -> bool: ...
     def leave(self, url: str) -> bool: ...
     def close(self) -> None: ...
@@ -80,7 +93,7 @@ class _HttpRouter:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as err:
             detail = _short(f"{type(err).__name__}: {err}", hidden)
-            raise RouterError(f"router {self.url}: {operation} failed: {detail}") from None
+            raise RouterUnreachable(f"router {self.url}: {operation} failed: {detail}") from None
         if response.status_code not in ok:
             body = _short(response.text, hidden)
             raise RouterError(
@@ -103,21 +116,39 @@ class SglangRouterClient(_HttpRouter):
         # URL -> worker id of adds this client queued and has not yet seen listed.
         self._queued: dict[str, str] = {}
 
+    def _workers(self) -> list[dict[str, Any]]:
+        """``GET /workers``' entries, each with its url and id."""
+        data = self._json("list workers", self._request("list workers", "GET", "/workers", (200,)))
+        workers = data.get("workers") if isinstance(data, dict) else None
+        if not isinstance(workers, list) or not all(
+            isinstance(w, dict) and "url" in w and "id" in w for w in workers
+        ):
+            # vllm-router answers GET /workers too, without worker ids or models: the
+            # caller (DetectingRouterClient) asks the router what it is.
+            body = _short(str(data), self._secrets)
+            raise RouterError(f"router {self.url}: list workers: no worker ids: {body}")
+        return workers
+
     def _listed(self) -> dict[str, str]:
         """Listed (that is, added) workers: normalized URL -> worker id."""
-        data = self._json("list workers", self._request("list workers", "GET", "/workers", (200,)))
-        return {normalize_url(w["url"]): str(w["id"]) for w in data.get("workers", [])}
+        return {normalize_url(w["url"]): str(w["id"]) for w in self._workers()}
 
     def workers(self) -> list[str]:
         return sorted(self._listed())
 
     def serving(self, model_id: str) -> list[str]:
         """Workers of this model the router considers healthy (it routes to them)."""
-        data = self._json("list workers", self._request("list workers", "GET", "/workers", (200,)))
+        return self._healthy(model_id)
+
+    def healthy(self) -> list[str]:
+        """Workers the router considers healthy, whatever their model."""
+        return self._healthy(None)
+
+    def _healthy(self, model_id: str | None) -> list[str]:
         return sorted(
             normalize_url(w["url"])
-            for w in data.get("workers", [])
-            if w.get("is_healthy") and w.get("model_id") in (model_id, None)
+            for w in self._workers()
+            if w.get("is_healthy") and (model_id is None or w.get("model_id") in (model_id, None))
         )
 
     def _add_in_flight(self, url: str) -> bool:
@@ -180,6 +211,9 @@ class VllmRouterClient(_HttpRouter):
         del model_id
         return self.workers()
 
+    def healthy(self) -> list[str]:
+        return self.workers()
+
     def join(self, url: str, api_key: str, model_id: str) -> bool:
         # vllm-router takes neither: clients' own Authorization reaches the engine as is.
         del api_key, model_id
@@ -211,9 +245,72 @@ class VllmRouterClient(_HttpRouter):
         return True
 
 
+def identify(url: str, timeout: float = 5.0) -> Literal["sglang", "vllm"] | None:
+    """Which router answers at url: vllm-router lists its workers at ``GET /list_workers``
+    (open), sglang-router has no such path (404). None: it did not say."""
+    try:
+        status = httpx.get(f"{normalize_url(url)}/list_workers", timeout=timeout).status_code
+    except httpx.HTTPError:
+        return None
+    return "vllm" if status == 200 else "sglang" if status == 404 else None
+
+
+class DetectingRouterClient:
+    """The client of the implementation the router turns out to be.
+
+    Starts with the one its settings name; after a failure it asks the router what it is and,
+    when that changed, repeats the operation with the other client once."""
+
+    def __init__(self, target: RouterTarget, control_key: str | None, timeout: float) -> None:
+        self._target = target
+        self._control_key = control_key
+        self._timeout = timeout
+        self._client = self._make(target.impl)
+
+    @property
+    def impl(self) -> str:
+        return self._client_impl
+
+    def _make(self, impl: Literal["sglang", "vllm"]) -> RouterClient:
+        self._client_impl = impl
+        target = self._target.model_copy(update={"impl": impl})
+        if impl == "sglang":
+            return SglangRouterClient(target, self._control_key, self._timeout)
+        return VllmRouterClient(target, self._timeout)
+
+    def _call(self, operation: Callable[[RouterClient], T]) -> T:
+        try:
+            return operation(self._client)
+        except RouterUnreachable:
+            raise  # asking again would only wait as long once more (a hung router)
+        except RouterError:
+            found = identify(self._target.url, self._timeout)
+            if found is None or found == self._client_impl:
+                raise
+        self._client.close()
+        self._client = self._make(found)
+        return operation(self._client)
+
+    def workers(self) -> list[str]:
+        return self._call(lambda c: c.workers())
+
+    def serving(self, model_id: str) -> list[str]:
+        return self._call(lambda c: c.serving(model_id))
+
+    def healthy(self) -> list[str]:
+        return self._call(lambda c: c.healthy())
+
+    def join(self, url: str, api_key: str, model_id: str) -> bool:
+        return self._call(lambda c: c.join(url, api_key, model_id))
+
+    def leave(self, url: str) -> bool:
+        return self._call(lambda c: c.leave(url))
+
+    def close(self) -> None:
+        self._client.close()
+
+
 def router_client(
     target: RouterTarget, control_key: str | None, timeout: float = 5.0
 ) -> RouterClient:
-    if target.impl == "sglang":
-        return SglangRouterClient(target, control_key, timeout)
-    return VllmRouterClient(target, timeout)
+    return DetectingRouterClient(target, control_key, timeout)

@@ -7,17 +7,19 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 
-def inflight(metrics_text: str, metric: str) -> int:
-    """The sum of every sample of ``metric`` (one per engine); 0 when the router has none yet."""
+def inflight(metrics_text: str, *metrics: str) -> int:
+    """The sum of every sample of each of ``metrics`` (one per engine); 0 when the router has
+    none yet. Each router names its gauge differently: given every release's, the count is
+    right whichever router runs (an implementation change restarts one into the other)."""
     total = 0.0
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
-            if sample.name == metric:
+            if sample.name in metrics:
                 total += sample.value
     return round(total)
 
 
-def router_inflight(metrics_url: str, metric: str, timeout: float = 5.0) -> int:
+def router_inflight(metrics_url: str, metrics: list[str], timeout: float = 5.0) -> int:
     response = httpx.get(metrics_url, timeout=timeout)
     response.raise_for_status()
-    return inflight(response.text, metric)
+    return inflight(response.text, *metrics)

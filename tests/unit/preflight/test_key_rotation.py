@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import shlex
 
 from vllm_fleet.preflight.checks import HostInput
@@ -113,3 +114,50 @@ def test_a_client_key_change_is_refused_until_the_run_says_the_clients_moved():
 def test_vllm_router_has_no_client_key_to_cut_over():
     vllm = router_host(OLD_CLIENT, **{CLIENT: NEW_CLIENT, "fleet_router": {"impl": "vllm"}})
     assert check_fleet_keys([vllm]) == []
+
+
+ENGINE = "engine-key-0123456789abc"
+
+
+def router_running(impl_now: str, **variables: object) -> HostInput:
+    """A router host whose router.json says impl_now runs, on the client key OLD_CLIENT."""
+    host = router_host(OLD_CLIENT, **{"fleet_engine_api_key": ENGINE, **variables})
+    settings = {"impl": impl_now, "package": f"{impl_now}_router", "router_args": {"port": 1}}
+    host.key_files["results"].append(
+        {
+            "item": "/etc/vllm-fleet/router.json",
+            "content": base64.b64encode(json.dumps(settings).encode()).decode(),
+        }
+    )
+    return host
+
+
+def test_keys_now_reads_the_routers_settings_as_json():
+    host = router_running("sglang")
+    assert keys_now(host.key_files)["router.json"] == {"impl": "sglang", "package": "sglang_router"}
+
+
+def test_a_router_implementation_change_is_a_client_key_cut_over():
+    """sglang-router checks the client key; vllm-router passes the client's key to the
+    engines: moving between them changes the key every client must present."""
+    for now, new in [("sglang", "vllm"), ("vllm", "sglang")]:
+        change = {CLIENT: OLD_CLIENT, "fleet_router": {"impl": new}}
+        refused = check_fleet_keys([router_running(now, **change)])
+        assert [(f.host, f.key, f.value) for f in refused] == [
+            ("router01", "fleet_router.impl", new)
+        ], (now, new)
+        assert f"-e {CUTOVER}=true" in shown(refused)
+        assert OLD_CLIENT not in shown(refused) and ENGINE not in shown(refused)
+        assert check_fleet_keys([router_running(now, **change, **{CUTOVER: True})]) == []
+
+
+def test_an_implementation_change_that_keeps_the_clients_key_passes():
+    """The client key is the engine key: the clients present the same key to both."""
+    same = {
+        CLIENT: OLD_CLIENT,
+        "fleet_engine_api_key": OLD_CLIENT,
+        "fleet_router": {"impl": "vllm"},
+    }
+    assert check_fleet_keys([router_running("sglang", **same)]) == []
+    unchanged = {CLIENT: OLD_CLIENT, "fleet_router": {"impl": "sglang"}}
+    assert check_fleet_keys([router_running("sglang", **unchanged)]) == []
