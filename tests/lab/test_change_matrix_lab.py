@@ -984,7 +984,21 @@ def test_the_router_implementation_changes_and_back(matrix):
         for host in ROUTERS:
             config = json.loads(in_host(host, "cat", "/etc/vllm-fleet/router.json").stdout)
             assert config["impl"] == impl, (host, config)
-            assert identify(f"http://{host}:30000") == impl
+            # Only vllm-router lists its workers at /list_workers (the controller reaches the
+            # routers' own addresses only from inside the lab network).
+            listing = in_host(
+                host,
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "http://127.0.0.1:30000/list_workers",
+                check=False,
+            ).stdout
+            assert listing == ("200" if impl == "vllm" else "404"), (host, listing)
+        assert identify(ROUTER) == impl
         assert serving_hosts() == sorted(ENGINES)
         scale_out = "--enable-scale-out" in json.dumps(engine_settings("engine01"))
         assert scale_out == (impl == "vllm")
