@@ -1,6 +1,7 @@
 """`vllm-fleet verify` end to end against fixture fleets (real HTTP on loopback)."""
 
 import json
+import os
 import subprocess
 
 import pytest
@@ -182,14 +183,20 @@ def test_metrics_file_reports_contamination_in_prometheus_text_format(
     metrics = tmp_path / "textfile/vllm_fleet_verify.prom"
     monkeypatch.setenv("VLLM_FLEET_ENGINE_API_KEY", ENGINE_KEY)
     monkeypatch.setenv("VLLM_FLEET_CLIENT_API_KEY", CLIENT_KEY)
-    with fixture_fleet(mode="swap") as (engines, router):
-        config_path.write_text(json.dumps(verify_config(engines, router)))
-        code = main(
-            ["--config", str(config_path), "--out", str(tmp_path / "out"),
-             "--metrics-file", str(metrics)]
-        )  # fmt: skip
+    # The verification unit's umask: node exporter (another user) must still read the file.
+    umask = os.umask(0o077)
+    try:
+        with fixture_fleet(mode="swap") as (engines, router):
+            config_path.write_text(json.dumps(verify_config(engines, router)))
+            code = main(
+                ["--config", str(config_path), "--out", str(tmp_path / "out"),
+                 "--metrics-file", str(metrics)]
+            )  # fmt: skip
+    finally:
+        os.umask(umask)
 
     assert code == 1
+    assert [p.name for p in metrics.parent.iterdir()] == [metrics.name]  # no temporary left
     text = metrics.read_text()
     assert 'vllm_fleet_verify_check_ok{check="crosstalk"} 0.0' in text
     assert 'vllm_fleet_verify_check_ok{check="smoke router"} 1.0' in text

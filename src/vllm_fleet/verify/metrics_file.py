@@ -8,12 +8,11 @@ page on cross-talk and on a verification that stopped running.
 from __future__ import annotations
 
 import os
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
 from vllm_fleet.verify.report import is_crosstalk
 
@@ -54,14 +53,11 @@ def write_metrics(report: dict[str, Any], path: Path) -> None:
         registry=registry,
     ).set(started.timestamp())
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A readable temporary file renamed into place: node exporter (another user) never
-    # reads half a file, nor one it may not open.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    # prometheus_client's own atomic write (a temporary file renamed into place: node exporter
+    # never reads half a file). Under a 0077 umask the file would be the writer's alone, and
+    # node exporter runs as another user: 0644 while it is written.
+    umask = os.umask(0o022)
     try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as out:
-            out.write(generate_latest(registry))
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+        write_to_textfile(str(path), registry)
+    finally:
+        os.umask(umask)
