@@ -68,6 +68,27 @@ def test_a_new_unit_file_or_key_is_stale_too(host):
     assert state.groups["g0"].newer_than_process == ["g0.env", "vllm-engine@.service"]
 
 
+def test_a_new_memory_bound_in_the_groups_drop_in_is_stale_and_another_groups_is_not(host):
+    """A run that died after writing g0's drop-in (its MemoryMax=) and before the restart."""
+    config, unit = host
+    for group in ("g0", "g1"):
+        (unit.parent / f"vllm-engine@{group}.service.d").mkdir()
+    (unit.parent / "vllm-engine@g1.service.d" / "g1.conf").write_text("[Service]\n")
+    (unit.parent / "vllm-engine@g0.service.d" / "g0.conf").write_text(
+        "[Service]\nMemoryMax=6442450944\n"
+    )
+    state = engine_state.group_state(
+        "g0", config, unit, run=systemctl_show("active", started_ago(60))
+    )
+    assert state.newer_than_process == ["g0.conf"]
+    old = time.time() - 3600
+    os.utime(unit.parent / "vllm-engine@g0.service.d" / "g0.conf", (old, old))
+    state = engine_state.group_state(
+        "g0", config, unit, run=systemctl_show("active", started_ago(60))
+    )
+    assert state.newer_than_process == []
+
+
 @pytest.mark.parametrize("active", ["failed", "inactive"])
 def test_a_stopped_group_must_start(host, active):
     config, unit = host

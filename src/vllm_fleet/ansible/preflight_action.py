@@ -27,7 +27,7 @@ from vllm_fleet.preflight.report import render_markdown
 # What preflight's own tasks register or read as facts. Every inventory variable, the fleet's
 # (roles/fleet_defaults) and each role's, is learnt from the roles' argument specs.
 PREFLIGHT_FACTS = {
-    "preflight_kv_plan",
+    "preflight_kv_plan", "preflight_memory_plan",
     "preflight_facts", "preflight_probe", "preflight_nvidia_smi", "preflight_npu_smi",
     "preflight_ascend_driver", "preflight_cann_files", "preflight_cann", "preflight_model_info",
     "preflight_agent", "preflight_engine_files", "preflight_engine_settings",
@@ -89,6 +89,8 @@ def summarize(outcome: PreflightResult, hosts: list[str]) -> dict[str, object]:
         "plan": [asdict(row) for row in outcome.plan],
         # The KV size each engine group gets, for groups that leave it to the plan.
         "kv_plan": kv_plan,
+        # Each engine group's MemoryMax= (set or planned); a group left out gets no bound.
+        "memory_plan": {name: outcome.memory_plan.get(name, {}) for name in hosts},
         "warnings_found": [str(w) for w in outcome.warnings],
         "changed": False,
     }
@@ -108,6 +110,7 @@ def report_json(outcome: PreflightResult) -> str:
         "errors": [asdict(e) for e in outcome.errors],
         "warnings": [asdict(w) for w in outcome.warnings],
         "plan": [asdict(row) for row in outcome.plan],
+        "memory_plan": outcome.memory_plan,
     }
     return json.dumps(data, indent=2, default=str) + "\n"
 

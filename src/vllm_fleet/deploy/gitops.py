@@ -30,7 +30,10 @@ UPGRADE = "playbooks/upgrade.yml"
 SITE = "site.yml"
 DEPLOYED = "/etc/vllm-fleet/deployed.json"
 MODEL_PIN_KEYS = ("source", "url", "repo", "revision", "served_name")
-ENGINE_VARIABLES = ("fleet_accelerator", "fleet_memory_utilization", "fleet_memory_reserve_bytes")
+ENGINE_VARIABLES = (
+    "fleet_accelerator", "fleet_memory_utilization", "fleet_memory_reserve_bytes",
+    "fleet_engine_memory_overhead_bytes",
+)  # fmt: skip
 ENGINE_PREFIXES = ("vllm_engine_", "engine_runtime_", "model_weights_")
 # What engine hosts run besides their variables: a change here restarts engines.
 ENGINE_CODE = ("roles/engine_runtime", "roles/model_weights", "roles/vllm_engine", "catalog",

@@ -143,6 +143,9 @@ class EngineConfig(BaseModel):
     enable_prefix_caching: bool = True
     block_size: int | None = None
     shutdown_timeout: int = Field(default=30, ge=0)
+    # The unit's MemoryMax= (its drop-in holds it; systemd enforces it). Here too, so a
+    # changed bound restarts the group like any other setting. None: no bound.
+    memory_max_bytes: int | None = Field(default=None, gt=0)
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     ascend: AscendSettings = Field(default_factory=AscendSettings)

@@ -3,8 +3,8 @@
 A playbook run that dies after rendering new settings but before restarting the group leaves
 files on disk that the running process never read; the next run renders nothing new and would
 see no change. So what must restart is decided here, from the host: a group whose unit is not
-active, or whose settings, secrets or unit file were written after its process started, runs
-something other than what its files say. Likewise a hold left by a run that never reached its
+active, or whose settings, secrets, unit file or unit drop-ins were written after its process
+started, runs something other than what its files say. Likewise a hold left by a run that never reached its
 release (``upgrade ...`` or ``rollout ...`` reasons) is known from the hold file itself.
 
 Read-only: it changes nothing, so it is safe in ``--check`` runs.
@@ -143,7 +143,13 @@ def group_state(
     wall_now, mono_now = wall_clock(), mono_clock()
     newer = []
     if started > 0:
-        for path in (config_dir / f"{group}.json", config_dir / f"{group}.env", unit_file):
+        dropins = sorted(unit_file.parent.glob(f"{UNIT_TEMPLATE.format(group=group)}.d/*.conf"))
+        for path in (
+            config_dir / f"{group}.json",
+            config_dir / f"{group}.env",
+            unit_file,
+            *dropins,
+        ):
             written = _mtime_monotonic_us(path, wall_now, mono_now)
             if written is not None and written > started:
                 newer.append(path.name)

@@ -19,6 +19,12 @@ from vllm_fleet.preflight.kv_planner import (
     plan,
     request_kv_bytes,
 )
+from vllm_fleet.preflight.memory_plan import (
+    DEFAULT_CPU_OVERHEAD,
+    cpu_engine_bytes,
+    device_engine_share,
+    weights_in_memory,
+)
 from vllm_fleet.weights.pins import PINS, REQUIRED, SOURCES, is_pinned
 
 ACCELERATORS = ("cpu", "cuda", "ascend")
@@ -27,7 +33,7 @@ MODEL_SOURCES = SOURCES
 GROUP_REQUIRED = ("name", "model", "devices", "port", "max_model_len", "max_num_seqs")
 GROUP_OPTIONAL = (
     "kv_cache_bytes", "dtype", "kv_cache_dtype", "enforce_eager", "enable_prefix_caching",
-    "tensor_parallel_size", "block_size", "extra_args", "env",
+    "tensor_parallel_size", "block_size", "extra_args", "env", "memory_max_bytes",
 )  # fmt: skip
 MODEL_KEYS = (
     "source",
@@ -116,6 +122,7 @@ OPTIONAL_SETTINGS: dict[str, tuple[Callable[[object], bool], str]] = {
     "block_size": (lambda v: v is None or is_int(v), "a positive number of tokens"),
     "extra_args": (is_str_list, "a list of strings, e.g. ['--max-logprobs', '5']"),
     "env": (is_str_map, "a mapping of names to strings (quote numbers: FOO: '1')"),
+    "memory_max_bytes": (is_int, "a positive number of bytes, or leave it out for the plan"),
 }
 
 
@@ -165,6 +172,8 @@ class PreflightResult:
     errors: list[Finding] = field(default_factory=list)
     warnings: list[Finding] = field(default_factory=list)
     plan: list[PlanRow] = field(default_factory=list)
+    # host -> group -> the unit's MemoryMax= in bytes (set or planned; absent: no bound).
+    memory_plan: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -219,6 +228,7 @@ class HostChecker:
         self.check_collisions(valid)
         for group in valid:
             self.check_group(group, accelerator, stack)
+        self.check_memory_total(valid)
 
     # -- host level -----------------------------------------------------------------------
     def check_facts(self) -> None:
@@ -243,6 +253,14 @@ class HostChecker:
                 reserve,
                 "must be a number of bytes",
                 "use a whole number >= 0, e.g. 2147483648",
+            )
+        overhead = self.v.get("fleet_engine_memory_overhead_bytes", DEFAULT_CPU_OVERHEAD)
+        if not is_int(overhead, 0):
+            self.error(
+                "fleet_engine_memory_overhead_bytes",
+                overhead,
+                "must be a number of bytes",
+                f"use a whole number >= 0, e.g. {DEFAULT_CPU_OVERHEAD}",
             )
 
     def check_unknown_keys(self) -> None:
@@ -502,6 +520,7 @@ class HostChecker:
             self.plan_group(
                 label=label, group=group, model=model, accelerator=accelerator, tp=tp, dtype=dtype
             )
+            self.plan_memory(label, group, model, accelerator, dtype)
 
     def check_device_indices(self, label: str, devices: list[int], accelerator: str | None) -> None:
         facts = self.host.facts
@@ -842,6 +861,107 @@ class HostChecker:
             )
             return None
         return available
+
+    # -- host memory bound (the unit's MemoryMax=) ------------------------------------------
+    def weights_and_config(
+        self, group: dict[str, object], model: dict[str, object]
+    ) -> tuple[int, dict[str, object]]:
+        installed = self.host.installed_models.get(str(group["model"]), {})
+        weights = installed.get("weight_bytes")
+        if not is_int(weights, 0):
+            weights = model.get("weight_bytes") or 0
+        config = installed.get("config")
+        if not isinstance(config, dict):
+            config = model.get("config")
+        return int(weights), config if isinstance(config, dict) else {}  # type: ignore[call-overload]
+
+    @property
+    def cpu_overhead(self) -> int:
+        value = self.v.get("fleet_engine_memory_overhead_bytes", DEFAULT_CPU_OVERHEAD)
+        return value if is_int(value, 0) else DEFAULT_CPU_OVERHEAD  # type: ignore[return-value]
+
+    def planned_kv(self, group: dict[str, object]) -> int | None:
+        explicit = group.get("kv_cache_bytes")
+        if isinstance(explicit, int):
+            return explicit
+        rows = [
+            r for r in self.result.plan if r.host == self.host.name and r.group == group["name"]
+        ]
+        return rows[-1].kv_cache_bytes if rows else None
+
+    def plan_memory(
+        self,
+        label: str,
+        group: dict[str, object],
+        model: dict[str, object],
+        accelerator: str,
+        dtype: str,
+    ) -> None:
+        """The group's MemoryMax=: its own memory_max_bytes (checked against what a CPU engine
+        must hold) or the plan (memory_plan's module docstring)."""
+        explicit = group.get("memory_max_bytes")
+        weights, config = self.weights_and_config(group, model)
+        stored = config.get("torch_dtype") or config.get("dtype")
+        kv = self.planned_kv(group)
+        if accelerator == "cpu":
+            if kv is None:
+                return
+            held = weights_in_memory(weights, stored, dtype) + kv
+            if isinstance(explicit, int) and explicit < held:
+                self.error(
+                    f"{label}.memory_max_bytes",
+                    explicit,
+                    f"is below what the engine holds: {held / GIB:.2f} GiB of weights and KV cache "
+                    "(it would be killed while it loads)",
+                    f"raise it to at least {held + self.cpu_overhead} (with "
+                    f"fleet_engine_memory_overhead_bytes) or leave it out for the plan",
+                )
+                return
+            limit = (
+                explicit
+                if isinstance(explicit, int)
+                else cpu_engine_bytes(
+                    weights_in_memory(weights, stored, dtype), kv, self.cpu_overhead
+                )
+            )
+        elif isinstance(explicit, int):
+            limit = explicit
+        else:
+            facts = self.host.facts
+            share = device_engine_share(
+                facts.memory_bytes,
+                self.reserve,
+                len(group["devices"]),  # type: ignore[arg-type]
+                len(facts.devices),
+            )
+            if share is None:
+                self.warn(
+                    f"{label}.memory_max_bytes",
+                    None,
+                    "the host's memory is unknown: the engine's unit gets no memory bound",
+                    "set memory_max_bytes for the group",
+                )
+                return
+            limit = share
+        self.result.memory_plan.setdefault(self.host.name, {})[str(group["name"])] = limit
+
+    def check_memory_total(self, groups: list[dict[str, object]]) -> None:
+        """Every group's bound together fits the host, less the reserve."""
+        limits = self.result.memory_plan.get(self.host.name, {})
+        memory = self.host.facts.memory_bytes
+        total = sum(limits.values())
+        if not memory or total <= memory - self.reserve:
+            return
+        each = ", ".join(f"{name} {limit / GIB:.2f} GiB" for name, limit in sorted(limits.items()))
+        self.error(
+            "fleet_engine_groups",
+            [g["name"] for g in groups],
+            f"their memory bounds ({each}) add up to {total / GIB:.2f} GiB, more than the host's "
+            f"{memory / GIB:.2f} GiB less the {self.reserve / GIB:.2f} GiB reserve: an engine "
+            "would take memory the host needs",
+            "lower kv_cache_bytes or memory_max_bytes, lower fleet_engine_memory_overhead_bytes, "
+            "or move a group to another host",
+        )
 
 
 def validate(

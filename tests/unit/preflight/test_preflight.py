@@ -12,13 +12,16 @@ from tests.unit.preflight.bases import base
 from vllm_fleet.preflight import HostInput, validate
 from vllm_fleet.preflight.checks import GROUP_OPTIONAL, GROUP_REQUIRED
 from vllm_fleet.preflight.facts import HostFacts
+from vllm_fleet.preflight.report import render_markdown
+
+GIB = 1024**3
 
 CATALOG = yaml.safe_load((ROOT / "catalog/stacks.yml").read_text())["fleet_stacks"]
 CASES = yaml.safe_load((Path(__file__).with_name("cases.yml")).read_text())
 KNOWN = {
     "fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
     "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url",
-    "fleet_memory_utilization", "fleet_memory_reserve_bytes",
+    "fleet_memory_utilization", "fleet_memory_reserve_bytes", "fleet_engine_memory_overhead_bytes",
 }  # fmt: skip
 
 
@@ -83,6 +86,33 @@ def test_gpu_plan_chooses_the_kv_size_from_memory():
     # 80 GiB x 0.9 - 141107412992 / 4 weights - 2 GiB reserve
     assert row.kv_cache_bytes == int(80 * 1024**3 * 0.9) - 141_107_412_992 // 4 - 2 * 1024**3
     assert row.kv_bytes_per_token == 2 * 2 * 128 * 2 * 80  # 2 KV heads per rank at TP 4
+
+
+def test_a_cpu_engine_is_bounded_by_its_weights_at_its_dtype_its_kv_cache_and_the_overhead():
+    result = run(base("cpu"))
+    # SmolLM2's bfloat16 files served in float32 (twice), 1.5 GiB of KV cache, 4 GiB overhead.
+    assert result.memory_plan == {"host1": {"g0": 269_060_552 * 2 + 1_610_612_736 + 4 * GIB}}
+    assert "| 6.00 GiB |" in render_markdown(result)
+    host = base("cpu")
+    host["variables"]["fleet_engine_memory_overhead_bytes"] = GIB
+    host["variables"]["fleet_engine_groups"][0]["dtype"] = "auto"
+    assert run(host).memory_plan["host1"]["g0"] == 269_060_552 + 1_610_612_736 + GIB
+
+
+def test_device_engines_share_the_hosts_memory_by_devices_and_a_set_bound_wins():
+    # 2048 GiB less the 2 GiB reserve; the group has 4 of the host's 8 GPUs.
+    assert run(base("cuda")).memory_plan["host1"]["tp0"] == 2046 * GIB // 2
+    host = base("ascend")
+    host["variables"]["fleet_engine_groups"][0]["memory_max_bytes"] = 200 * GIB
+    assert run(host).memory_plan["host1"]["tp0"] == 200 * GIB
+
+
+def test_device_engines_on_a_host_of_unknown_memory_get_no_bound_and_a_warning():
+    host = base("cuda")
+    host["facts"]["memory_bytes"] = 0
+    result = run(host)
+    assert result.ok and result.memory_plan == {}
+    assert any("gets no memory bound" in str(w) for w in result.warnings)
 
 
 def test_target_concurrency_that_does_not_fit_is_a_warning_with_numbers():

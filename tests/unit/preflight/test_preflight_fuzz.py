@@ -147,6 +147,7 @@ GROUP_BAD: dict[str, st.SearchStrategy[object]] = {
     "max_model_len": NOT_POSITIVE_INT,
     "max_num_seqs": NOT_POSITIVE_INT,
     "kv_cache_bytes": NOT_POSITIVE_INT,
+    "memory_max_bytes": NOT_POSITIVE_INT,
     "dtype": NOT_DTYPE,
     "kv_cache_dtype": NOT_DTYPE,
     "enforce_eager": other_than("bool"),
@@ -169,6 +170,7 @@ GROUP_MAYBE: dict[str, st.SearchStrategy[object]] = {
     "max_model_len": st.one_of(st.integers(1, 2**20), st.integers(1, INT64)),
     "max_num_seqs": st.one_of(st.integers(1, 1024), st.integers(1, INT64)),
     "kv_cache_bytes": st.one_of(st.integers(1, 2**40), st.integers(1, INT64)),
+    "memory_max_bytes": st.one_of(st.integers(1, 2**40), st.integers(1, INT64)),
     "dtype": st.sampled_from(["auto", *DTYPE_BYTES, "BFloat16", "FP8"]),
     "kv_cache_dtype": st.sampled_from(["auto", *DTYPE_BYTES]),
     "enforce_eager": st.booleans(),
@@ -881,6 +883,7 @@ def engine_config_refuses(variables: dict[str, object], group: object) -> bool:
         "max_model_len": settings_["max_model_len"],
         "max_num_seqs": settings_["max_num_seqs"],
         "kv_cache_bytes": settings_.get("kv_cache_bytes", 1),  # or the plan's
+        "memory_max_bytes": settings_.get("memory_max_bytes"),  # or the plan's
         "dtype": settings_["dtype"],
         "kv_cache_dtype": settings_["kv_cache_dtype"],
         "enforce_eager": settings_["enforce_eager"],

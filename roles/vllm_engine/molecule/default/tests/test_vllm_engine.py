@@ -97,6 +97,17 @@ def curl_status_at(host, address):
     )
 
 
+def test_the_group_runs_under_its_memory_bound(host):
+    """The group's MemoryMax= reaches systemd through its own drop-in (the template unit is
+    shared by every group), and its settings name the same bound."""
+    dropin = host.file(f"/etc/systemd/system/{UNIT}.d/g0.conf")
+    assert (dropin.user, dropin.mode) == ("root", 0o644)
+    assert host.check_output(f"systemctl show -p MemoryMax --value {UNIT}") == "6442450944"
+    settings = json.loads(host.file("/etc/vllm-fleet/engines/g0.json").content_string)
+    assert settings["memory_max_bytes"] == 6442450944
+    assert host.check_output(f"systemctl show -p NeedDaemonReload --value {UNIT}") == "no"
+
+
 def test_sandboxing_scores_ok(host):
     line = host.check_output(f"systemd-analyze security {UNIT} | tail -1")
     score = float(line.split(":")[1].split()[0])
