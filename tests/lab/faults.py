@@ -13,6 +13,9 @@ from vllm_fleet.lab.paths import LAB_ROUTER_URL
 
 ROUTER = LAB_ROUTER_URL
 ROUTERS = ("router01", "router02")
+# Their own addresses (lab/lab_vars.yml): the controller reaches the lab bridge, but cannot
+# resolve the lab's host names.
+ROUTER_ADDRESSES = {"router01": "10.89.0.10", "router02": "10.89.0.11"}
 VIP = "10.89.0.100"  # inventories/lab fleet_router.vip
 ENGINE_URLS = {"engine01": "http://engine01:8100", "engine02": "http://engine02:8100"}
 DIRECT = {"engine01": "http://127.0.0.1:8101", "engine02": "http://127.0.0.1:8102"}

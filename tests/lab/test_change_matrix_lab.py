@@ -35,7 +35,15 @@ import httpx
 import pytest
 import yaml
 
-from tests.lab.faults import ROUTER, ROUTERS, VIP, secret, vip_holder, wait_until
+from tests.lab.faults import (
+    ROUTER,
+    ROUTER_ADDRESSES,
+    ROUTERS,
+    VIP,
+    secret,
+    vip_holder,
+    wait_until,
+)
 from tests.support.lab import (
     CACHE,
     ENGINES,
@@ -1029,7 +1037,10 @@ def test_a_vip_removed_from_the_inventory_is_taken_down(matrix):
     body = {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1}
     for host in ROUTERS:
         answer = httpx.post(
-            f"http://{host}:30000/v1/completions", json=body, headers=headers, timeout=60
+            f"http://{ROUTER_ADDRESSES[host]}:30000/v1/completions",
+            json=body,
+            headers=headers,
+            timeout=60,
         )
         assert answer.status_code == 200, (host, answer.text)
 
