@@ -17,14 +17,16 @@ flight at that instant and nothing started once the VIP answered again.
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.lab.faults import (
     DETECTION_BOUND,
@@ -403,6 +405,104 @@ def test_engine_host_restarted(chaos):
     assert_bound(row, started)
 
 
+def container_cgroup_file(name: str, v1_controller: str, name_v1: str, name_v2: str) -> Path:
+    """A file of the container's own cgroup, on a cgroup v1 or v2 host."""
+    out = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.CgroupPath}}", name],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    relative = out.stdout.strip().lstrip("/")
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return Path("/sys/fs/cgroup") / relative / name_v2
+    return Path("/sys/fs/cgroup") / v1_controller / relative / name_v1
+
+
+@contextlib.contextmanager
+def cpu_quota(name: str, cpus: float) -> Iterator[None]:
+    """The container held to ``cpus`` CPUs by the kernel's CFS quota on its cgroup, then
+    given back what it had (podman's own update leaves a stale quota behind on v1)."""
+    quota = container_cgroup_file(name, "cpu", "cpu.cfs_quota_us", "cpu.max")
+    before = quota.read_text().strip()
+    if quota.name == "cpu.max":
+        period = int(before.split()[1])
+        quota.write_text(f"{int(period * cpus)} {period}")
+    else:
+        period = int((quota.parent / "cpu.cfs_period_us").read_text())
+        quota.write_text(str(int(period * cpus)))
+    try:
+        yield
+    finally:
+        quota.write_text(before if quota.name == "cpu.cfs_quota_us" else before.split()[0])
+
+
+def requests_served(host: str) -> float:
+    """The engine's own count of finished requests (vLLM's /metrics needs no key)."""
+    text = httpx.get(f"{DIRECT[host]}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "vllm:request_success"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    )
+
+
+def share_of(host: str, window: Callable[[], None]) -> float:
+    """``host``'s share of the requests both engines finished while ``window`` ran."""
+    before = {h: requests_served(h) for h in DIRECT}
+    window()
+    served = {h: requests_served(h) - before[h] for h in DIRECT}
+    total = sum(served.values())
+    assert total > 0, served
+    return served[host] / total
+
+
+@pytest.mark.full
+def test_a_slow_engine_sheds_load_and_is_neither_ejected_nor_restarted(chaos):
+    """engine01 held to a fifth of a CPU by the kernel's CFS quota: alive, answering its
+    health checks and probes, four or more times slower. Under a load deep enough to queue
+    (three times the routers' balance threshold), the router sends engine02 a larger share
+    than before; the router never ejects engine01, its watchdog never restarts it, for
+    longer than the watchdog's detection bound; no request fails, no stream is cut."""
+    host, url = "engine01", ENGINE_URLS["engine01"]
+    settings = json.loads(in_host("router01", "cat", "/etc/vllm-fleet/router.json").stdout)
+    depth = 3 * int(settings["router_args"]["balance_abs_threshold"])
+    nrestarts, watchdog_restarts = int(unit_show(host, "NRestarts")["NRestarts"]), restarts(host)
+    rotation: list[bool] = []
+
+    def watch(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            rotation.append(workers().get(url) is True)
+            time.sleep(1)
+
+    load = ClientLoad(ROUTER, secret("router_client_key"), MODEL, plain=depth, streams=1)
+    with load:
+        time.sleep(5)
+        before = share_of("engine02", lambda: time.sleep(20))
+        started = time.monotonic()
+        with cpu_quota(host, 0.2):
+            slowed = share_of("engine02", lambda: watch(DETECTION_BOUND + 10))
+        recovered = wait_until(both_in_rotation, START_BOUND, "both engines in rotation")
+        time.sleep(3)
+    row = record(
+        "engine slowed (0.2 CPU)",
+        load.stats,
+        None,
+        recovered,
+        files_lost(host),
+        f"{depth} clients; engine02's share {before:.0%} -> {slowed:.0%}; "
+        f"in rotation {sum(rotation)}/{len(rotation)} samples",
+    )
+    assert_bound(row, started)
+    assert all(rotation), "the router ejected the slow engine"
+    assert int(unit_show(host, "NRestarts")["NRestarts"]) == nrestarts
+    assert restarts(host) == watchdog_restarts
+    assert slowed > before, (before, slowed)
+
+
 def test_watchdog_killed(chaos):
     host = "engine01"
     engine_pid = unit_show(host, "MainPID")["MainPID"]
@@ -458,6 +558,43 @@ def test_partition_between_router_and_one_engine(chaos):
         f"{router}: 10 s partitioned; readmitted {readmitted:.1f} s after it healed",
     )
     assert_bound(row, started)
+
+
+@pytest.mark.full
+def test_an_engines_link_flaps(chaos):
+    """engine01's link goes down and up five times in 30 s (3 s down, 3 s up), as a bad cable
+    or a flapping switch port does. Each outage is shorter than the watchdog's detection
+    bound, so the engine (healthy all along) is never restarted; the router retries elsewhere
+    while it cannot reach it and takes it back after the last flap."""
+    host, url = "engine01", ENGINE_URLS["engine01"]
+    nrestarts, watchdog_restarts = int(unit_show(host, "NRestarts")["NRestarts"]), restarts(host)
+    with clients() as load:
+        time.sleep(3)
+        started = time.monotonic()
+        try:
+            for _ in range(5):
+                in_netns(host, "ip", "link", "set", "eth0", "down")
+                time.sleep(3)
+                in_netns(host, "ip", "link", "set", "eth0", "up")
+                time.sleep(3)
+        finally:
+            in_netns(host, "ip", "link", "set", "eth0", "up")
+        healed = time.monotonic()
+        wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
+        recovered = time.monotonic() - started
+        back = time.monotonic() - healed
+        time.sleep(3)
+    row = record(
+        "engine01 link flaps (5 x 3 s)",
+        load.stats,
+        None,
+        recovered,
+        files_lost(host),
+        f"in rotation {back:.1f} s after the last flap",
+    )
+    assert_bound(row, started, exposed_until=healed)
+    assert int(unit_show(host, "NRestarts")["NRestarts"]) == nrestarts
+    assert restarts(host) == watchdog_restarts
 
 
 @pytest.fixture(scope="module")

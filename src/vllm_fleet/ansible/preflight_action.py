@@ -48,6 +48,12 @@ def role_variables(roles_dir: Path) -> set[str]:
     return names
 
 
+def router_default_vrid(roles_dir: Path) -> int:
+    """The VRRP id the router role gives a VIP that sets none (its defaults)."""
+    defaults = yaml.safe_load((roles_dir / "router/defaults/main.yml").read_text())
+    return int(defaults["router_vip_defaults"]["vrid"])
+
+
 def known_variables(roles_dir: Path) -> set[str]:
     return PREFLIGHT_FACTS | role_variables(roles_dir)
 
@@ -160,7 +166,7 @@ class PreflightAction(ActionBase):
             self._render(task_vars.get("fleet_router_releases", {})),
         )
         check_fleet_change(hosts, engine_hosts, outcome, single_name)
-        outcome.errors.extend(check_fleet_keys(hosts))
+        outcome.errors.extend(check_fleet_keys(hosts, router_default_vrid(self.roles_dir)))
         report = self._write_report(outcome, Path(args["report_dir"]))
         result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 
 from vllm_fleet.env_file import parse_env
 from vllm_fleet.preflight.checks import REDACTED, Finding, HostInput
+from vllm_fleet.preflight.vip_change import KEEPALIVED_CONF, check_vrid, keepalived_vrid
 
 CONTROL = "fleet_router_control_key"
 RETIRING = "fleet_router_control_keys_retiring"
@@ -47,9 +48,10 @@ TWO_RUNS = (
 
 
 def keys_now(slurped: object) -> dict[str, dict[str, str]]:
-    """File name (router.env, watchdog.env, router.json) -> its variables (a JSON file's
-    top-level strings), from the probe's slurp loop (``{results: [{item: path, content:
-    base64}]}``); files absent or unreadable are left out."""
+    """File name (router.env, watchdog.env, router.json, keepalived.conf) -> its variables (a
+    JSON file's top-level strings; keepalived.conf's VRRP id as vrid), from the probe's slurp
+    loop (``{results: [{item: path, content: base64}]}``); files absent or unreadable are left
+    out."""
     results = slurped.get("results", []) if isinstance(slurped, Mapping) else []
     found = {}
     for result in results if isinstance(results, list) else []:
@@ -60,7 +62,11 @@ def keys_now(slurped: object) -> dict[str, dict[str, str]]:
         except (ValueError, binascii.Error):
             continue
         name = str(result.get("item", "")).rsplit("/", 1)[-1]
-        found[name] = _json_strings(text) if name.endswith(".json") else parse_env(text)
+        if name == KEEPALIVED_CONF:
+            vrid = keepalived_vrid(text)
+            found[name] = {} if vrid is None else {"vrid": vrid}
+        else:
+            found[name] = _json_strings(text) if name.endswith(".json") else parse_env(text)
     return found
 
 
@@ -178,8 +184,13 @@ def _retiring_list(host: str, variables: Mapping[str, object]) -> list[Finding]:
     return []
 
 
-def check_fleet_keys(hosts: list[HostInput]) -> list[Finding]:
-    """Every host's findings, and the retiring list's once (it is the fleet's setting)."""
+def check_fleet_keys(hosts: list[HostInput], default_vrid: int) -> list[Finding]:
+    """Every host's findings, and the retiring list's once (it is the fleet's setting);
+    ``default_vrid`` is the router role's, for a VIP that sets none."""
     with_list = [h for h in hosts if h.variables.get(RETIRING) is not None]
     findings = _retiring_list(with_list[0].name, with_list[0].variables) if with_list else []
-    return findings + [finding for host in hosts for finding in check_keys(host)]
+    for host in hosts:
+        findings += check_keys(host)
+        vrid_now = keys_now(host.key_files).get(KEEPALIVED_CONF, {}).get("vrid")
+        findings += check_vrid(host, vrid_now, default_vrid)
+    return findings
