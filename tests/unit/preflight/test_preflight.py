@@ -9,6 +9,7 @@ import yaml
 
 from tests.support.paths import ROOT
 from tests.unit.preflight.bases import base
+from vllm_fleet.engine.config import EngineConfig
 from vllm_fleet.preflight import HostInput, validate
 from vllm_fleet.preflight.checks import GROUP_OPTIONAL, GROUP_REQUIRED
 from vllm_fleet.preflight.facts import HostFacts
@@ -142,6 +143,10 @@ def test_group_settings_match_the_vllm_engine_argument_spec():
     options = spec["argument_specs"]["main"]["options"]["vllm_engine_groups"]["options"]
     assert set(options) == set(GROUP_REQUIRED + GROUP_OPTIONAL)
     assert {k for k, o in options.items() if o.get("required")} == set(GROUP_REQUIRED)
+    # ... and each reaches the engine as the setting of the same name (the name and the model
+    # become its unit, model path and served name).
+    renamed = {"name", "model"}
+    assert set(GROUP_REQUIRED + GROUP_OPTIONAL) - renamed <= set(EngineConfig.model_fields)
 
 
 def test_fp8_kv_cache_doubles_the_tokens_of_bf16():
