@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -52,3 +54,20 @@ def test_extra_stacks_are_cpu_stacks_of_the_catalog() -> None:
     for stack in lab.EXTRA_STACKS:
         assert catalog[stack]["accelerator"] == "cpu"
         assert (ROOT / catalog[stack]["lock"]).is_file()
+
+
+def test_every_dependency_of_the_agent_is_in_its_hash_lock():
+    """Hosts install the agent with --no-deps --require-hashes: a dependency the package
+    declares and the lock lacks would fail the install on every host."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {
+        re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        for requirement in project["dependencies"]
+    }
+    lock = (ROOT / "catalog/locks/agent-deps.lock").read_text()
+    locked = {
+        line.split("==", 1)[0].lower()
+        for line in lock.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert declared <= locked, declared - locked

@@ -11,6 +11,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, aconnect_sse
 
 from vllm_fleet.verify.config import RetrySettings
 from vllm_fleet.verify.results import short
@@ -160,11 +161,12 @@ async def stream(
     retries = 0
     try:
         while True:
-            async with client.stream(
-                "POST", endpoint.url + path, json=body, headers=endpoint.auth
-            ) as response:
+            async with aconnect_sse(
+                client, "POST", endpoint.url + path, json=body, headers=endpoint.auth
+            ) as events:
+                response = events.response
                 if response.status_code == 200:
-                    answer = await _read_sse(response, path, start)
+                    answer = await _read_sse(events, path, start)
                     answer.retries = retries
                     return answer
                 await response.aread()
@@ -180,17 +182,16 @@ async def stream(
         return Answer(0, retries=retries, error=f"{type(err).__name__}: {err}", elapsed_s=elapsed)
 
 
-async def _read_sse(response: httpx.Response, path: str, start: float) -> Answer:
+async def _read_sse(events: EventSource, path: str, start: float) -> Answer:
+    """The streamed answer, parsed by httpx-sse (an error event or a body that is not an
+    event stream raises httpx.HTTPError or ValueError, which the caller reports)."""
     answer = Answer(200)
     parts: list[str] = []
     first_chunk_s: float | None = None
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        payload = line.removeprefix("data:").strip()
-        if payload == "[DONE]":
+    async for event in events.aiter_sse():
+        if event.data == "[DONE]":
             break
-        chunk = json.loads(payload)
+        chunk = json.loads(event.data)
         if "error" in chunk:
             answer.error = f"stream error: {short(json.dumps(chunk['error']))}"
             break
