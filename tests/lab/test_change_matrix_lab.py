@@ -134,8 +134,12 @@ class Matrix:
         tags: str = "",
         retries: int = 0,
         extra: tuple[str, ...] = (),
+        client_key: str | None = None,
         other_client_key: str | None = None,
     ) -> tuple[MatrixRow, PlaybookRun]:
+        """``client_key``: the key the clients present at the start (the one the routers take
+        now; default the inventory's client key); ``other_client_key``: the one they retry a
+        401 with."""
         target = json.loads(json.dumps(self.inventory))
         edit(target)
         path = write_inventory(target)
@@ -153,7 +157,7 @@ class Matrix:
                 stack.enter_context(
                     ClientLoad(
                         ROUTER,
-                        secret("router_client_key"),
+                        client_key or secret("router_client_key"),
                         n,
                         plain=2,
                         streams=1,
@@ -850,16 +854,22 @@ def test_a_key_rotation_the_routers_would_refuse_mid_run_is_refused(matrix):
 
 
 def cut_over(
-    matrix: Matrix, change: str, edit: Callable[[Inventory], None], other_key: str
+    matrix: Matrix,
+    change: str,
+    edit: Callable[[Inventory], None],
+    other_key: str,
+    key: str | None = None,
 ) -> None:
     """A change of the key clients must present, announced to the run (the cut-over flag),
-    with clients that hold the old key and other_key and retry a 401 with the other; it
-    restarts the routers, so the bound is the VIP moves'."""
+    with clients that hold the old key (``key``, default the inventory's client key) and
+    other_key and retry a 401 with the other; it restarts the routers, so the bound is the
+    VIP moves'."""
     moves = vip_moves()
     row, run = matrix.apply(
         change,
         edit,
         extra=("-e", "fleet_router_client_key_cutover=true"),
+        client_key=key,
         other_client_key=other_key,
         retries=SDK_RETRIES,
     )
@@ -980,7 +990,12 @@ def test_the_router_implementation_changes_and_back(matrix):
     client_key, engine_key = secret("router_client_key"), secret("engine_api_key")
     # vllm-router has no mode that routes by model: it serves the lab's one name as such.
     multi_model = fleet_of(matrix.inventory)["fleet_router"].get("multi_model")
-    for impl, other_key in [("vllm", engine_key), ("sglang", client_key)]:
+    # Clients start with the key the routers take now and hold the new router's as the other
+    # (vllm-router's clients present the engine key).
+    for impl, key, other_key in [
+        ("vllm", client_key, engine_key),
+        ("sglang", engine_key, client_key),
+    ]:
 
         def to(inv: Inventory, impl: str = impl) -> None:
             fleet_of(inv)["fleet_router"]["impl"] = impl
@@ -988,7 +1003,9 @@ def test_the_router_implementation_changes_and_back(matrix):
                 multi_model if impl == "sglang" else False
             )
 
-        cut_over(matrix, f"router implementation -> {impl} (clients hold both keys)", to, other_key)
+        cut_over(
+            matrix, f"router implementation -> {impl} (clients hold both keys)", to, other_key, key
+        )
         for host in ROUTERS:
             config = json.loads(in_host(host, "cat", "/etc/vllm-fleet/router.json").stdout)
             assert config["impl"] == impl, (host, config)
