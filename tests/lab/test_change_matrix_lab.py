@@ -323,6 +323,9 @@ HALF_APPLY = """\
   gather_facts: true
   gather_subset: [network]
   vars_files: [{root}/catalog/stacks.yml]
+  vars:
+    # What the run's preflight planned (max_model_len leaves a CPU engine's bound as it is).
+    preflight_memory_plan: {{g0: {memory_max_bytes}}}
   tasks:
     - name: Render the new settings (the engine keeps running the old ones)
       ansible.builtin.include_role:
@@ -349,7 +352,8 @@ def test_a_half_applied_host_is_finished_from_its_actual_state(matrix, tmp_path)
         groups_of(inv, "engine01")[0]["max_model_len"] = 1792
 
     half = tmp_path / "half-apply.yml"
-    half.write_text(HALF_APPLY.format(root=ROOT))
+    bound = engine_settings("engine01")["memory_max_bytes"]
+    half.write_text(HALF_APPLY.format(root=ROOT, memory_max_bytes=bound))
     died = playbook(str(half), "-i", str(write_inventory(edited(matrix, edit))))
     assert died.returncode == 0, died.output[-4000:]
     state = json.loads(in_host("engine01", "vllm-fleet", "engine-state").stdout)
