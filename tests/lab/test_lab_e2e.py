@@ -267,7 +267,7 @@ def bare_host(tmp_path):
     )
     (inventory / "hosts.yml").write_text(
         yaml.safe_dump(
-            {"all": {"vars": {"ansible_connection": "containers.podman.podman",
+            {"all": {"vars": {"ansible_connection": "vllm_fleet_podman",
                               "ansible_python_interpreter": "/usr/bin/python3"},
                      "children": {"engines": {"hosts": {name: None}},
                                   "monitoring": {"hosts": {name: None}},

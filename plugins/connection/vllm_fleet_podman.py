@@ -1,0 +1,72 @@
+# The lab's and the Molecule scenarios' connection: containers.podman.podman with modules piped
+# to one `podman exec -i` per task. The collection's plugin copies each module into the
+# container and runs it with separate execs (a temporary directory, the module, its cleanup)
+# after a `podman mount`, about four podman calls a task; a converged site.yml is mostly that.
+from __future__ import annotations
+
+import shlex
+
+from ansible.module_utils.common.text.converters import to_native
+from ansible.plugins.connection import ConnectionBase, ensure_connect
+from ansible_collections.containers.podman.plugins.connection.podman import (
+    DOCUMENTATION as PODMAN_DOCUMENTATION,
+)
+from ansible_collections.containers.podman.plugins.connection.podman import (
+    Connection as PodmanConnection,
+)
+
+DOCUMENTATION = (
+    PODMAN_DOCUMENTATION.replace("name: podman", "name: vllm_fleet_podman", 1)
+    .replace(
+        "short_description: Interact with an existing podman container",
+        "short_description: podman connection that pipes modules to podman exec -i",
+        1,
+    )
+    .replace("author: Tomas Tomecek (@TomasTomecek)", "author: vllm-fleet", 1)
+)
+
+
+class Connection(PodmanConnection):
+    transport = "vllm_fleet_podman"
+    # Ansible pipes a module to the remote interpreter's stdin; `podman exec -i` forwards
+    # it. The collection turned pipelining off because its exec never passed -i.
+    has_pipelining = True
+    always_pipeline_modules = True
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self._mounted_once = False
+
+    def _connect(self) -> PodmanConnection:
+        # The mount is only needed to copy files (template, copy, fetch): a pipelined module
+        # task never asks for it, so it is made on the first put_file or fetch_file.
+        ConnectionBase._connect(self)
+        self._connected = True
+        return self
+
+    def _mounted(self) -> None:
+        if not self._mounted_once:
+            PodmanConnection._connect(self)
+            self._mounted_once = True
+
+    @ensure_connect
+    def exec_command(
+        self, cmd: str, in_data: bytes | None = None, sudoable: bool = False
+    ) -> tuple[int, bytes, bytes]:
+        if in_data is None:
+            return super().exec_command(cmd, in_data=None, sudoable=sudoable)
+        ConnectionBase.exec_command(self, cmd, in_data=in_data, sudoable=sudoable)
+        args = ["exec", "-i"]
+        if self.user:
+            args.extend(("--user", self.user))
+        return self._podman(
+            args, shlex.split(to_native(cmd, errors="surrogate_or_strict")), in_data
+        )
+
+    def put_file(self, in_path: str, out_path: str) -> None:
+        self._mounted()
+        super().put_file(in_path, out_path)
+
+    def fetch_file(self, in_path: str, out_path: str) -> None:
+        self._mounted()
+        super().fetch_file(in_path, out_path)
