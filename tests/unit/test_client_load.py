@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from vllm_fleet.lab.client_load import ClientLoad
+
+
+def completion(text: str, finish_reason: str | None) -> dict[str, object]:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    return {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+            "choices": [choice]}  # fmt: skip
 
 
 class Router(BaseHTTPRequestHandler):
@@ -27,10 +34,13 @@ class Router(BaseHTTPRequestHandler):
             self.end_headers()
             return
         if body.get("stream"):
-            payload = b'data: {"choices":[{"text":"a"}]}\n\ndata: [DONE]\n\n'
+            # vLLM's chunks: the last carries the finish reason, then [DONE].
+            chunks = [completion("a", None), completion("b", "length")]
+            payload = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+            payload += b"data: [DONE]\n\n"
             content_type = "text/event-stream"
         else:
-            payload = json.dumps({"choices": [{"text": "red"}]}).encode()
+            payload = json.dumps(completion("red", "length")).encode()
             content_type = "application/json"
         self.send_response(200)
         self.send_header("Content-Type", content_type)
@@ -98,3 +108,66 @@ def test_a_client_with_one_key_is_refused_after_the_cutover(router):
     assert not any(r.ok for r in after(load, cut, "plain") + after(load, cut, "stream"))
     assert load.stats.key_switches == 0
     assert all(f.startswith("HTTP 401") for f in load.stats.failures)
+
+
+class Flaky(Router):
+    """Answers every other plain request 503 (the SDK retries it), and cuts every stream
+    after its first chunk: the connection closes before the finish reason."""
+
+    calls = 0
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b"data: " + json.dumps(completion("a", None)).encode() + b"\n\n")
+            self.wfile.flush()
+            self.close_connection = True
+            return
+        Flaky.calls += 1
+        if Flaky.calls % 2:
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        payload = json.dumps(completion("red", "length")).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+@pytest.fixture
+def flaky() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("retries", [0, 2])
+def test_the_sdk_retries_a_503_only_when_asked_and_a_cut_stream_is_counted_as_cut(flaky, retries):
+    load = ClientLoad(flaky, "k", "m", plain=1, streams=1, retries=retries)
+    with load:
+        wait_for(lambda: len(load.stats.requests) >= 6 and load.stats.streams_cut >= 1)
+    stats = load.stats
+    assert stats.streams_ok == 0 and stats.streams_refused == 0 and stats.streams_cut >= 1
+    if retries:
+        assert stats.plain_failed == 0 and stats.plain_retried >= 1, stats.line()
+    else:
+        assert stats.plain_failed >= 1 and stats.plain_retried == 0, stats.line()
+        assert all(f.startswith("HTTP 503") for f in stats.failures)
+
+
+def test_nothing_listening_is_refused_not_cut():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    load = ClientLoad(f"http://127.0.0.1:{port}", "k", "m", plain=1, streams=1)
+    with load:
+        wait_for(lambda: load.stats.streams_refused >= 2 and load.stats.plain_failed >= 2)
+    assert load.stats.streams_cut == load.stats.streams_ok == load.stats.plain_ok == 0
+    assert all("APIConnectionError" in f for f in load.stats.failures)

@@ -1,10 +1,11 @@
 """A bounded client load through the router while a fault is injected.
 
-Non-streaming requests must all succeed (the router retries them on another engine);
-a stream that already started on an engine that dies cannot be retried by either router,
-so cut streams are counted separately. With ``retries`` the non-streaming clients retry a
-refused connection or a 502/503/504 as the OpenAI SDK does by default (2 retries, backoff
-from 0.5 s): the figure for faults no router can retry, such as the router itself dying.
+Each client is the OpenAI SDK, as the fleet's users run it. Non-streaming requests must all
+succeed (the router retries them on another engine); a stream that already started on an
+engine that dies cannot be retried by either router, so cut streams are counted separately.
+``retries`` is the SDK's ``max_retries``: 0 (each failure counted) unless a row measures
+faults no router can retry, such as the router itself dying, where the SDK's default of 2
+retries (a refused connection, 408/409/429/5xx, backoff from 0.5 s) is what a client sees.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import httpx2
+import openai
 
 
 @dataclass
@@ -77,9 +79,8 @@ class ClientLoad:
         retries: int = 0,
         other_key: str | None = None,
     ) -> None:
-        self.base_url = base_url
+        self.base_url = base_url.rstrip("/") + "/v1"
         self.retries = retries
-        self.headers = {"Authorization": f"Bearer {key}"}
         # A client mid key rotation holds both keys and answers a 401 by retrying with the
         # other one (sglang-router takes one client key: its restart switches it).
         self.keys = [key] if other_key is None else [key, other_key]
@@ -108,105 +109,104 @@ class ClientLoad:
             thread.join(timeout=120)
         return self.stats
 
-    def _body(self, worker: int, n: int, stream: bool) -> dict[str, object]:
-        return {
-            "model": self.model,
-            "prompt": f"Client {worker}, request {n}: list three colours.",
-            "max_tokens": 32 if stream else 8,
-            "temperature": 0,
-            "stream": stream,
-        }
+    def _client(self) -> openai.OpenAI:
+        return openai.OpenAI(
+            base_url=self.base_url, api_key=self.keys[0], max_retries=self.retries, timeout=90
+        )
+
+    def _prompt(self, worker: int, n: int) -> str:
+        return f"Client {worker}, request {n}: list three colours."
 
     def _plain_loop(self, worker: int) -> None:
-        with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=90) as client:
-            n = 0
-            while not self._stop.is_set():
-                n += 1
-                started = time.monotonic()
-                attempt = 0
-                while True:
-                    ok, detail, retryable = self._attempt(client, worker, n)
-                    if ok or not retryable or attempt >= self.retries:
-                        break
-                    time.sleep(min(0.5 * 2**attempt, 8.0))
-                    attempt += 1
-                with self._lock:
-                    ended = time.monotonic()
-                    self.stats.requests.append(Request("plain", started, ended, ok))
-                    self.stats.plain_seconds.append(ended - started)
-                    if ok:
-                        self.stats.plain_ok += 1
-                        self.stats.plain_retried += attempt > 0
-                    else:
-                        self.stats.plain_failed += 1
-                        self.stats.failures.append(detail)
-                if not ok:
-                    time.sleep(0.2)  # a client backs off rather than spin on a refusal
+        client = self._client()
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            started = time.monotonic()
+            try:
+                ok, detail, retries = self._attempt(client, worker, n)
+            except openai.AuthenticationError:
+                client = self._switched(client)
+                ok, detail, retries = self._attempt(client, worker, n)
+            with self._lock:
+                ended = time.monotonic()
+                self.stats.requests.append(Request("plain", started, ended, ok))
+                self.stats.plain_seconds.append(ended - started)
+                if ok:
+                    self.stats.plain_ok += 1
+                    self.stats.plain_retried += retries > 0
+                else:
+                    self.stats.plain_failed += 1
+                    self.stats.failures.append(detail)
+            if not ok:
+                time.sleep(0.2)  # a client backs off rather than spin on a refusal
+        client.close()
 
-    def _attempt(self, client: httpx.Client, worker: int, n: int) -> tuple[bool, str, bool]:
-        """One try: (ok, what went wrong, whether a client would retry it)."""
+    def _attempt(self, client: openai.OpenAI, worker: int, n: int) -> tuple[bool, str, int]:
+        """One request with the SDK's retries: (ok, what went wrong, retries taken). A 401
+        is raised for the caller to switch keys, once."""
         try:
-            response = client.post("/v1/completions", json=self._body(worker, n, False))
-            if response.status_code == 401 and self._switch_key(client):
-                response = client.post("/v1/completions", json=self._body(worker, n, False))
-        except httpx.TransportError as err:
-            return False, f"{type(err).__name__}: {err}", True
-        ok = response.status_code == 200 and bool(response.json().get("choices"))
-        detail = f"HTTP {response.status_code}: {response.text[:160]}"
-        return ok, detail, response.status_code in (502, 503, 504)
+            raw = client.completions.with_raw_response.create(
+                model=self.model, prompt=self._prompt(worker, n), max_tokens=8, temperature=0
+            )
+            completion = raw.parse()
+        except openai.APIStatusError as err:
+            if err.status_code == 401 and len(self.keys) > 1 and client.api_key == self.keys[0]:
+                raise
+            return False, f"HTTP {err.status_code}: {err.response.text[:160]}", 0
+        except openai.APIError as err:
+            return False, f"{type(err).__name__}: {err}", 0
+        return bool(completion.choices), "HTTP 200 without choices", raw.retries_taken
 
     def _stream_loop(self, worker: int) -> None:
-        with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=90) as client:
-            n = 0
-            while not self._stop.is_set():
-                n += 1
-                started = time.monotonic()
-                attempt = 0
-                while True:
-                    done, answered = self._stream_attempt(client, worker, n)
-                    # Like the SDK: a request that got no response is retried; a stream
-                    # broken off after it started is not (its tokens were delivered).
-                    if done or answered or attempt >= self.retries:
-                        break
-                    time.sleep(min(0.5 * 2**attempt, 8.0))
-                    attempt += 1
-                with self._lock:
-                    self.stats.requests.append(Request("stream", started, time.monotonic(), done))
-                    if done:
-                        self.stats.streams_ok += 1
-                    elif answered:
-                        self.stats.streams_cut += 1
-                    else:
-                        self.stats.streams_refused += 1
-                if not done:
-                    time.sleep(0.2)
+        client = self._client()
+        n = 0
+        while not self._stop.is_set():
+            n += 1
+            started = time.monotonic()
+            try:
+                done, answered = self._stream_attempt(client, worker, n)
+            except openai.AuthenticationError:
+                client = self._switched(client)
+                done, answered = self._stream_attempt(client, worker, n)
+            with self._lock:
+                self.stats.requests.append(Request("stream", started, time.monotonic(), done))
+                if done:
+                    self.stats.streams_ok += 1
+                elif answered:
+                    self.stats.streams_cut += 1
+                else:
+                    self.stats.streams_refused += 1
+            if not done:
+                time.sleep(0.2)
+        client.close()
 
-    def _stream_attempt(
-        self, client: httpx.Client, worker: int, n: int, *, switched: bool = False
-    ) -> tuple[bool, bool]:
-        """One try: (ended with [DONE], a response had started)."""
-        done = answered = refused = False
+    def _stream_attempt(self, client: openai.OpenAI, worker: int, n: int) -> tuple[bool, bool]:
+        """One streamed request: (it ended with a finish reason, a response had started).
+        The SDK retries a request that got no response; a stream broken off after it
+        started is not retried (its tokens were delivered)."""
+        prompt = self._prompt(100 + worker, n)
         try:
-            body = self._body(100 + worker, n, True)
-            with client.stream("POST", "/v1/completions", json=body) as response:
-                refused = response.status_code == 401
-                answered = not refused
-                for line in response.iter_lines() if answered else ():
-                    if line.strip() == "data: [DONE]":
-                        done = True
-        except httpx.HTTPError:
-            done = False
-        if refused and not switched and self._switch_key(client):
-            return self._stream_attempt(client, worker, n, switched=True)
-        return done, answered or refused
+            stream = client.completions.create(
+                model=self.model, prompt=prompt, max_tokens=32, temperature=0, stream=True
+            )
+        except openai.APIStatusError as err:
+            if err.status_code == 401 and len(self.keys) > 1 and client.api_key == self.keys[0]:
+                raise
+            return False, True
+        except openai.APIError:
+            return False, False
+        finished = False
+        try:
+            with stream:
+                for chunk in stream:
+                    finished = finished or any(c.finish_reason for c in chunk.choices)
+        except (openai.APIError, httpx2.HTTPError):
+            return False, True
+        return finished, True
 
-    def _switch_key(self, client: httpx.Client) -> bool:
-        """Present the other key from now on; False when there is no other key."""
-        presented = client.headers.get("Authorization")
-        others = [k for k in self.keys if f"Bearer {k}" != presented]
-        if not others:
-            return False
-        client.headers["Authorization"] = f"Bearer {others[0]}"
+    def _switched(self, client: openai.OpenAI) -> openai.OpenAI:
+        """The client presenting the other key from now on."""
         with self._lock:
             self.stats.key_switches += 1
-        return True
+        return client.with_options(api_key=self.keys[1])
