@@ -76,7 +76,11 @@ def test_argv_never_carries_a_key():
 def test_every_flag_the_role_sets_is_one_extra_args_may_not_set():
     """OWNED_FLAGS follows engine_argv: a flag added there and not here would let a group's
     extra_args give it a second value that vLLM's parser takes (the last one wins)."""
-    argv = engine_argv(config(enforce_eager=True, block_size=32, enable_prefix_caching=False))
+    argv = engine_argv(
+        config(
+            enforce_eager=True, block_size=32, enable_prefix_caching=False, trust_remote_code=True
+        )
+    )
     flags = [a for a in argv if a.startswith("-")]
     assert flags and all(owned_flag(a) for a in flags), [a for a in flags if not owned_flag(a)]
 
@@ -85,7 +89,7 @@ def test_every_flag_the_role_sets_is_one_extra_args_may_not_set():
     "args",
     [["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--ho", "::"], ["--port", "1"], ["-tp", "8"],
      ["--served_model_name", "x"], ["--config", "/tmp/x.yaml"], ["--uds", "/tmp/s"],
-     ["--no-enable-prefix-caching"]],
+     ["--no-enable-prefix-caching"], ["--trust-remote-code"], ["--trust_remote_code"]],
 )  # fmt: skip
 def test_extra_args_may_not_set_what_the_role_owns(args):
     with pytest.raises(ValidationError, match="which the role owns"):
@@ -172,3 +176,21 @@ def test_cuda_env_pins_gpus_and_nccl_follows_the_private_interface():
 def test_bad_ascend_settings_are_refused(bad):
     with pytest.raises(ValidationError):
         config(accelerator="ascend", ascend=bad)
+
+
+def test_the_weights_own_code_runs_only_when_the_model_allows_it():
+    assert "--trust-remote-code" not in engine_argv(config())
+    assert "--trust-remote-code" in engine_argv(config(trust_remote_code=True))
+    with pytest.raises(ValidationError, match="unless the model's entry in fleet_models says"):
+        config(extra_args=["--trust-remote"])
+
+
+@pytest.mark.parametrize(
+    ("args", "guarantee"),
+    [(["--host", "0.0.0.0"], "private bind address"), (["--api-key=x"], "off the command line"),
+     (["--model", "org/m"], "sha256-verified local weights"),
+     (["--enable-log-requests"], "prompts stay out of the journal")],
+)  # fmt: skip
+def test_each_refused_flag_names_the_guarantee_it_would_undo(args, guarantee):
+    with pytest.raises(ValidationError, match=guarantee):
+        config(extra_args=args)

@@ -27,19 +27,27 @@ DEVICE_ENV_VAR: dict[str, str] = {
 }
 
 
-# Flags the role sets from the group's settings, and those that would undo what it enforces
-# (a key on a command line, a config file or a socket in place of the private bind address).
-# A group's extra_args may not name them in any spelling vLLM's parser takes: a second
-# --host, given last, would win over the private address.
-OWNED_FLAGS = frozenset(
-    {
-        "--model", "--served-model-name", "--host", "--port", "--uds", "--api-key", "--config",
-        "--max-model-len", "--max-num-seqs", "--dtype", "--kv-cache-memory-bytes",
-        "--kv-cache-dtype", "--tensor-parallel-size", "-tp", "--shutdown-timeout",
-        "--generation-config", "--enable-log-requests", "--enable-prefix-caching",
-        "--enforce-eager", "--block-size",
-    }
-)  # fmt: skip
+# Flags the role sets from the group's settings, and those that would undo what it enforces,
+# each with the guarantee it keeps. A group's extra_args may not name them in any spelling
+# vLLM's parser takes: a second --host, given last, would win over the private address.
+BIND = "the engine listens only on its private bind address and port"
+SETTING = "the group's setting is the one preflight planned and the router and verify read"
+VERIFIED = "the engine serves only the sha256-verified local weights"
+FLAG_GUARANTEES: dict[str, str] = {
+    "--host": BIND, "--port": BIND, "--uds": BIND,
+    "--api-key": "the key stays off the command line (fleet_engine_api_key, a 0600 file)",
+    "--config": "every setting comes from the group's settings (a config file could set the "
+                "bind address or the key)",
+    "--model": VERIFIED, "--generation-config": VERIFIED,
+    "--trust-remote-code": "no code shipped with the weights runs unless the model's entry "
+                           "in fleet_models says trust_remote_code: true",
+    "--enable-log-requests": "prompts stay out of the journal",
+    "--served-model-name": SETTING, "--max-model-len": SETTING, "--max-num-seqs": SETTING,
+    "--dtype": SETTING, "--kv-cache-memory-bytes": SETTING, "--kv-cache-dtype": SETTING,
+    "--tensor-parallel-size": SETTING, "-tp": SETTING, "--shutdown-timeout": SETTING,
+    "--enable-prefix-caching": SETTING, "--enforce-eager": SETTING, "--block-size": SETTING,
+}  # fmt: skip
+OWNED_FLAGS = frozenset(FLAG_GUARANTEES)
 # Names that hold secrets: they have no place in a group's env (its settings file is
 # readable by the engine's group and shown in --diff; the key has its own 0600 file).
 SECRET_NAME = re.compile(
@@ -65,9 +73,10 @@ def extra_args_problems(extra_args: list[str]) -> list[tuple[str, str]]:
     """(what is wrong, the fix) for each extra argument that sets an owned flag."""
     return [
         (
-            f"{arg!r} sets {flag}, which the role owns",
+            f"{arg!r} sets {flag}, which the role owns: {FLAG_GUARANTEES[flag]}",
             "remove it; set the value through the group's settings "
-            "(roles/vllm_engine/meta/argument_specs.yml), the key through fleet_engine_api_key",
+            "(roles/vllm_engine/meta/argument_specs.yml), the key through fleet_engine_api_key, "
+            "trust_remote_code on the model",
         )
         for arg in extra_args
         if (flag := owned_flag(arg))
@@ -80,10 +89,7 @@ def env_problems(env: dict[str, str]) -> list[tuple[str, str]]:
     for name in env:
         if name in OWNED_ENV:
             problems.append(
-                (
-                    f"{name} is set by the role (offline, state directory, devices, the key)",
-                    f"remove {name} from env",
-                )
+                (f"{name} is set by the role: {env_guarantee(name)}", f"remove {name} from env")
             )
         elif SECRET_NAME.search(name):
             problems.append(
@@ -141,6 +147,8 @@ class EngineConfig(BaseModel):
     tensor_parallel_size: int = Field(default=1, ge=1)
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
+    # The model's catalog entry allows the code its weights ship (fleet_models: trust_remote_code).
+    trust_remote_code: bool = False
     block_size: int | None = None
     shutdown_timeout: int = Field(default=30, ge=0)
     # The unit's MemoryMax= (its drop-in holds it; systemd enforces it). Here too, so a
@@ -267,6 +275,8 @@ def engine_argv(cfg: EngineConfig) -> list[str]:
     ]
     if cfg.enforce_eager:
         argv.append("--enforce-eager")
+    if cfg.trust_remote_code:
+        argv.append("--trust-remote-code")
     if cfg.block_size is not None:
         argv += ["--block-size", str(cfg.block_size)]
     return argv + list(cfg.extra_args)
@@ -302,3 +312,17 @@ def isolation_env(state_dir: Path) -> dict[str, str]:
 # What a group's env may not replace: isolation, the device pinning, the key (the unit's
 # EnvironmentFile sets VLLM_API_KEY).
 OWNED_ENV = frozenset({*isolation_env(Path("/")), *DEVICE_ENV_VAR.values(), "VLLM_API_KEY"})
+OFFLINE_ENV = frozenset({"HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"})
+
+
+def env_guarantee(name: str) -> str:
+    """The guarantee an owned variable keeps."""
+    if name in OFFLINE_ENV:
+        return "the engine stays offline and loads only the sha256-verified local weights"
+    if name == "VLLM_API_KEY":
+        return "the key comes only from its 0600 EnvironmentFile (fleet_engine_api_key)"
+    if name in DEVICE_ENV_VAR.values():
+        return "each group runs on its own devices"
+    if name in ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        return "the engine reports nothing to the outside"
+    return "caches and temporary files stay in the group's state directory"

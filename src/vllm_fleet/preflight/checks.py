@@ -49,6 +49,7 @@ MODEL_KEYS = (
     "config",
     "weight_bytes",
     "ttft_p99_threshold_seconds",
+    "trust_remote_code",
 )
 # The other string settings of a model (the pin and the setting each source requires are
 # vllm_fleet.weights.pins', shared with the model_weights role and the fetches).
@@ -641,6 +642,10 @@ class HostChecker:
             number = isinstance(ttft, float | int) and not isinstance(ttft, bool)
             if not (number and 0 < ttft < math.inf):  # type: ignore[operator]
                 problems.append(("ttft_p99_threshold_seconds", "a positive number of seconds"))
+        if "trust_remote_code" in model and not isinstance(model["trust_remote_code"], bool):
+            problems.append(
+                ("trust_remote_code", "true or false (true lets the weights' own code run)")
+            )
         if model.get("config") is not None and not isinstance(model["config"], dict):
             problems.append(("config", "a mapping: the fields of the model's config.json"))
         for key, fix in problems:
