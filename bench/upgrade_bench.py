@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CACHE = Path(os.environ.get("VLLM_FLEET_CACHE", "/var/cache/vllm-fleet"))
 ROUTER = LAB_ROUTER_URL
-ENGINES = {"engine01": "http://engine01:8100", "engine02": "http://engine02:8100"}
+# The router lists engines by address (inventories/lab fleet_address).
+ENGINES = {"engine01": "http://10.89.0.21:8100", "engine02": "http://10.89.0.22:8100"}
 MODEL = "smollm2"
 VARIANT = "upgrade-bench"
 

@@ -17,7 +17,9 @@ ROUTERS = ("router01", "router02")
 # resolve the lab's host names.
 ROUTER_ADDRESSES = {"router01": "10.89.0.10", "router02": "10.89.0.11"}
 VIP = "10.89.0.100"  # inventories/lab fleet_router.vip
-ENGINE_URLS = {"engine01": "http://engine01:8100", "engine02": "http://engine02:8100"}
+# Routers list engines by address (the inventory's fleet_address), never by name.
+ENGINE_ADDRESSES = {"engine01": "10.89.0.21", "engine02": "10.89.0.22"}
+ENGINE_URLS = {host: f"http://{address}:8100" for host, address in ENGINE_ADDRESSES.items()}
 DIRECT = {"engine01": "http://127.0.0.1:8101", "engine02": "http://127.0.0.1:8102"}
 UNIT = "vllm-engine@g0.service"
 MODEL = "smollm2"

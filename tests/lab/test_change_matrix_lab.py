@@ -36,6 +36,7 @@ import pytest
 import yaml
 
 from tests.lab.faults import (
+    ENGINE_ADDRESSES,
     ROUTER,
     ROUTER_ADDRESSES,
     ROUTERS,
@@ -110,7 +111,7 @@ def served_urls(inv: Inventory) -> dict[str, list[str]]:
     for host in ENGINES:
         for group in groups_of(inv, host):
             name = models[group["model"]]["served_name"]
-            out.setdefault(name, []).append(f"http://{host}:{group['port']}")
+            out.setdefault(name, []).append(f"http://{ENGINE_ADDRESSES[host]}:{group['port']}")
     return out
 
 

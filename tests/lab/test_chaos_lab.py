@@ -188,6 +188,63 @@ def test_engine_sigkill(chaos):
     assert_bound(row, started)
 
 
+# Nothing listens on this loopback address: every lookup fails at once, as in a DNS outage
+# that refuses rather than times out.
+NO_DNS = "nameserver 127.0.0.9\n"
+LAB_HOSTS = ("router01", "router02", "engine01", "engine02")
+
+
+@contextlib.contextmanager
+def name_resolution_gone(hosts: tuple[str, ...]) -> Iterator[None]:
+    """Each host's resolver pointed at nothing; its own resolv.conf back afterwards."""
+    saved = {host: in_host(host, "cat", "/etc/resolv.conf").stdout for host in hosts}
+    try:
+        for host in hosts:
+            in_host(host, "sh", "-c", "cat > /etc/resolv.conf", stdin=NO_DNS)
+        yield
+    finally:
+        for host, text in saved.items():
+            in_host(host, "sh", "-c", "cat > /etc/resolv.conf", stdin=text)
+
+
+def resolves(host: str, name: str) -> bool:
+    return in_host(host, "getent", "hosts", name, check=False).returncode == 0
+
+
+def test_name_resolution_gone_an_engine_restarts_and_rejoins_by_address(chaos):
+    """No host can resolve a name (the lab's DNS gone on all four) and an engine dies: the
+    routers reach the other engine and the restarted one, the engine and its watchdog reach
+    the routers, all by the addresses the inventory gave (fleet_address), so it rejoins."""
+    host, url = "engine01", ENGINE_URLS["engine01"]
+    assert resolves("router01", host), "the lab resolves names before the fault"
+    before = int(unit_show(host, "NRestarts")["NRestarts"])
+    with name_resolution_gone(LAB_HOSTS), clients() as load:
+        assert not resolves("router01", host) and not resolves(host, "router01")
+        time.sleep(3)
+        started = time.monotonic()
+        in_host(host, "sh", "-c", KILL_VLLM)
+        ejected = wait_until(lambda: workers().get(url) is not True, 30, "router ejects it")
+        wait_until(
+            lambda: int(unit_show(host, "NRestarts")["NRestarts"]) > before,
+            60,
+            "systemd restarts the unit",
+        )
+        wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
+        recovered = time.monotonic() - started
+        time.sleep(3)
+        # Still no name resolves: it rejoined by address.
+        assert not resolves("router01", host) and not resolves(host, "router01")
+    row = record(
+        "name resolution gone, an engine restarted",
+        load.stats,
+        ejected,
+        recovered,
+        files_lost(host),
+        "rejoined by address",
+    )
+    assert_bound(row, started)
+
+
 def engine_core_pid(host: str, api_server_pid: str) -> str:
     """vLLM's engine core: the API server's child that schedules and runs the model."""
     children = in_host(host, "ps", "--ppid", api_server_pid, "-o", "pid=,args=").stdout

@@ -126,8 +126,8 @@ def test_the_fleets_rules_are_loaded_and_evaluate(fresh_lab):
     # The inventory's facts are there to join against.
     workers = api("query", query="vllm_fleet:router_worker_info")["result"]
     assert {w["metric"]["worker"] for w in workers} == {
-        "http://engine01:8100",
-        "http://engine02:8100",
+        "http://10.89.0.21:8100",
+        "http://10.89.0.22:8100",
     }
 
 

@@ -65,16 +65,17 @@ def test_every_engine_group_router_and_watchdog_is_a_target(rendered):
     assert engines["honor_labels"] is True
     targets = {c["targets"][0]: c["labels"] for c in engines["static_configs"]}
     assert targets == {
-        "engine01:8100": {"fleet_host": "engine01", "fleet_group": "g0", "model_name": "smollm2"},
-        "engine02:8100": {"fleet_host": "engine02", "fleet_group": "g0", "model_name": "smollm2"},
+        "10.89.0.21:8100": {"fleet_host": "engine01", "fleet_group": "g0", "model_name": "smollm2"},
+        "10.89.0.22:8100": {"fleet_host": "engine02", "fleet_group": "g0", "model_name": "smollm2"},
     }
+    # Every target by the host's fleet_address (inventories/lab), labelled with its name.
     assert [c["targets"] for c in jobs["vllm-fleet-router"]["static_configs"]] == [
-        ["router01:29000"],
-        ["router02:29000"],
+        ["10.89.0.10:29000"],
+        ["10.89.0.11:29000"],
     ]
     assert [c["targets"] for c in jobs["vllm-fleet-watchdog"]["static_configs"]] == [
-        ["engine01:9410"],
-        ["engine02:9410"],
+        ["10.89.0.21:9410"],
+        ["10.89.0.22:9410"],
     ]
 
 
@@ -82,8 +83,9 @@ def test_inventory_rules_map_router_workers_to_models(rendered):
     groups = yaml.safe_load((rendered / "rules/vllm-fleet-inventory.rules.yml").read_text())
     rules = groups["groups"][0]["rules"]
     workers = {r["labels"]["worker"]: r["labels"] for r in rules if r["record"].endswith("info")}
-    assert workers["http://engine01:8100"] == {
-        "worker": "http://engine01:8100",
+    # The worker label is the URL the engine registered with the routers: its address.
+    assert workers["http://10.89.0.21:8100"] == {
+        "worker": "http://10.89.0.21:8100",
         "model_name": "smollm2",
         "fleet_host": "engine01",
         "fleet_group": "g0",

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
+from vllm_fleet.ansible.fleet_verify import FILTERS
 from vllm_fleet.verify.config import VerifyConfig
 
 ROLE = ROOT / "roles/fleet_verify"
@@ -40,6 +41,7 @@ def router_address_values(fleet_router, hosts):
     """fleet_verify_router_port/_address/_members as Ansible would template them."""
     env = jinja2.nativetypes.NativeEnvironment(undefined=jinja2.StrictUndefined)
     env.filters["regex_replace"] = lambda value, pattern, repl: re.sub(pattern, repl, value)
+    env.filters.update(FILTERS)
     values = {"fleet_verify_router": fleet_router, "fleet_verify_router_hosts": hosts}
     for name in (
         "fleet_verify_router_port",

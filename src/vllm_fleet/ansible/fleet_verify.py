@@ -7,6 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, url_host
+
 
 def _commits(records: list[Mapping[str, Any]]) -> dict[str, str]:
     """host -> the commit its deployed.json names, from slurp results looped over hosts."""
@@ -34,7 +36,9 @@ def verify_engines(
     engines = []
     for host in hosts:
         host_vars = hostvars[host]
-        advertise = host_vars.get("vllm_engine_advertise_host", host)
+        advertise = url_host(
+            host_vars.get("vllm_engine_advertise_host", fleet_address(host, hostvars))
+        )
         for raw in host_vars.get("fleet_engine_groups", []):
             group = {**group_defaults, **raw}
             engines.append(
@@ -58,4 +62,6 @@ def verify_engines(
 
 FILTERS = {
     "fleet_verify_engines": verify_engines,
+    "fleet_verify_addresses": fleet_addresses,
+    "fleet_verify_url_host": url_host,
 }

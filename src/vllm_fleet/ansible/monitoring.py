@@ -8,6 +8,8 @@ from typing import Any
 
 import yaml
 
+from vllm_fleet.ansible.addresses import fleet_address, url_host
+
 ENGINE_JOB = "vllm-engine"
 ROUTER_JOB = "vllm-fleet-router"
 WATCHDOG_JOB = "vllm-fleet-watchdog"
@@ -16,7 +18,9 @@ WATCHDOG_JOB = "vllm-fleet-watchdog"
 def _engine_groups(hosts: list[str], hostvars: Mapping[str, Any]) -> list[dict[str, Any]]:
     found = []
     for host in hosts:
-        advertise = hostvars[host].get("vllm_engine_advertise_host", host)
+        advertise = url_host(
+            hostvars[host].get("vllm_engine_advertise_host", fleet_address(host, hostvars))
+        )
         for group in hostvars[host].get("fleet_engine_groups", []):
             found.append({"host": host, "advertise": advertise, **group})
     return found
@@ -27,8 +31,8 @@ def _served_name(models: Mapping[str, Any], model: str) -> str:
 
 
 def _address(hostvars: Mapping[str, Any], host: str) -> str:
-    """How Prometheus reaches a host: ansible_host when the inventory sets one."""
-    return str(hostvars[host].get("ansible_host", host))
+    """How Prometheus reaches a host: the address every fleet host reaches it on."""
+    return url_host(fleet_address(host, hostvars))
 
 
 def _static(target: str, labels: Mapping[str, str]) -> dict[str, Any]:
@@ -75,7 +79,7 @@ def scrape_configs(
             "job_name": WATCHDOG_JOB,
             "static_configs": [
                 _static(
-                    f"{hostvars[h].get('vllm_engine_advertise_host', _address(hostvars, h))}"
+                    f"{url_host(hostvars[h].get('vllm_engine_advertise_host', fleet_address(h, hostvars)))}"
                     f":{int(watchdog_metrics_port)}",
                     {"fleet_host": h},
                 )

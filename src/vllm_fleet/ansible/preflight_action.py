@@ -34,7 +34,11 @@ PREFLIGHT_FACTS = {
     "preflight_key_files_now",
     "preflight_result",
 }  # fmt: skip
-READ = ("fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models")
+READ = (
+    "fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
+    # The host's address when fleet_address is not set (vllm_fleet.ansible.addresses).
+    "ansible_host",
+)  # fmt: skip
 PREFIXES = {"fleet", "vllm", "model", "engine", "preflight"}
 
 

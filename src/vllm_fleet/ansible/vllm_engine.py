@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, url_host
 from vllm_fleet.deploy.rollout import restart_plan
 
 
 def router_targets(hosts: list[str], impl: str, port: int | str) -> list[dict[str, str]]:
-    """The routers an engine group joins: one {impl, url} per router host."""
-    return [{"impl": str(impl), "url": f"http://{host}:{int(port)}"} for host in hosts]
+    """The routers an engine group joins: one {impl, url} per router address."""
+    return [{"impl": str(impl), "url": f"http://{url_host(h)}:{int(port)}"} for h in hosts]
 
 
 def router_engine_args(router: dict[str, object]) -> list[str]:
@@ -22,6 +23,9 @@ def router_engine_args(router: dict[str, object]) -> list[str]:
 
 
 FILTERS = {
+    "vllm_engine_address": fleet_address,
+    "vllm_engine_addresses": fleet_addresses,
+    "vllm_engine_url_host": url_host,
     "vllm_engine_router_targets": router_targets,
     "vllm_engine_router_args": router_engine_args,
     "vllm_engine_restart_plan": restart_plan,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 from collections.abc import Callable
@@ -55,6 +56,9 @@ MODEL_KEYS = (
 # vllm_fleet.weights.pins', shared with the model_weights role and the fetches).
 MODEL_STRINGS = ("url", "repo", "endpoint", "path", "manifest")
 GROUP_NAME = SAFE_NAME
+DNS_NAME = re.compile(
+    r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?)*"
+)
 GIB = 1024**3
 # Variables whose values are secrets: a finding names them but never shows the value.
 SECRET_KEY = SECRET_NAME
@@ -94,6 +98,14 @@ def scrubbed(value: object) -> object:
                 out.append(scrubbed(item))
         return out
     return value
+
+
+def is_address(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
 
 
 def is_int(value: object, minimum: int = 1) -> bool:
@@ -211,6 +223,7 @@ class HostChecker:
     def run(self) -> None:
         self.check_facts()
         self.check_unknown_keys()
+        self.check_address()
         if "fleet_engine_groups" not in self.v:
             return
         self.check_memory_settings()
@@ -236,6 +249,30 @@ class HostChecker:
         for p in self.host.facts.problems:
             report = self.error if p.severity == "error" else self.warn
             report(p.key, p.value, p.message, p.fix)
+
+    def check_address(self) -> None:
+        """fleet_address: what routers, engines and Prometheus connect to (an address, so a
+        DNS outage cannot keep a restarted engine out of the routers)."""
+        value = self.v.get("fleet_address")
+        valid = isinstance(value, str) and (is_address(value) or DNS_NAME.fullmatch(value))
+        if value is not None and not valid:
+            self.error(
+                "fleet_address",
+                value,
+                "not an IP address or host name",
+                "set the address the other fleet hosts reach this host on, e.g. 10.0.0.21",
+            )
+            return
+        if value is None and isinstance(self.v.get("ansible_host"), str):
+            value = self.v["ansible_host"]
+        if not is_address(str(value or self.host.name)):
+            self.warn(
+                "fleet_address" if value else "ansible_host",
+                value or self.host.name,
+                "the fleet reaches this host by name, resolved again on every new connection: "
+                "a DNS outage keeps a restarted engine out of the routers",
+                "set fleet_address to the host's private IP address",
+            )
 
     def check_memory_settings(self) -> None:
         utilization = self.v.get("fleet_memory_utilization", 0.9)

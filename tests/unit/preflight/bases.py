@@ -28,6 +28,7 @@ BASES: dict[str, dict[str, object]] = {
     "cpu": {
         "variables": {
             "fleet_accelerator": "cpu",
+            "fleet_address": "10.0.0.21",
             "fleet_engine_stack": "cpu-vllm-0.32.0",
             "fleet_models": {
                 "smollm2-135m": {
@@ -58,6 +59,7 @@ BASES: dict[str, dict[str, object]] = {
     "cuda": {
         "variables": {
             "fleet_accelerator": "cuda",
+            "fleet_address": "10.0.0.21",
             "fleet_engine_stack": "cuda-vllm-0.33.0",
             "fleet_models": {
                 "llama-3.1-70b": {
@@ -93,6 +95,7 @@ BASES: dict[str, dict[str, object]] = {
     "ascend": {
         "variables": {
             "fleet_accelerator": "ascend",
+            "fleet_address": "10.0.0.21",
             "fleet_engine_stack": "ascend-vllm-0.23.0",
             "fleet_models": {
                 "qwen2.5-32b": {

@@ -20,7 +20,7 @@ GIB = 1024**3
 CATALOG = yaml.safe_load((ROOT / "catalog/stacks.yml").read_text())["fleet_stacks"]
 CASES = yaml.safe_load((Path(__file__).with_name("cases.yml")).read_text())
 KNOWN = {
-    "fleet_accelerator", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
+    "fleet_accelerator", "fleet_address", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
     "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url",
     "fleet_memory_utilization", "fleet_memory_reserve_bytes", "fleet_engine_memory_overhead_bytes",
 }  # fmt: skip
@@ -195,3 +195,30 @@ def test_a_model_name_that_would_leave_the_models_root_is_refused(name):
     assert any(
         f"fleet_models.{name}={name!r}: a model name becomes a directory" in m for m in messages
     ), messages
+
+
+@pytest.mark.parametrize(
+    ("variables", "warned"),
+    [({"fleet_address": "10.0.0.21"}, False), ({"fleet_address": "fd00::21"}, False),
+     ({"ansible_host": "10.0.0.21"}, False), ({}, True), ({"ansible_host": "gpu-7.dc1"}, True),
+     ({"fleet_address": "gpu-7.dc1"}, True)],
+)  # fmt: skip
+def test_a_host_the_fleet_reaches_by_name_is_a_warning(variables, warned):
+    host = base("cpu")
+    del host["variables"]["fleet_address"]
+    host["variables"] |= variables
+    result = run(host)
+    assert result.ok
+    dns = [w for w in result.warnings if "DNS outage" in w.message]
+    assert bool(dns) == warned, result.warnings
+    if warned:
+        assert "set fleet_address to the host's private IP address" in dns[0].fix
+
+
+@pytest.mark.parametrize("value", ["10.0.0.21/24", "http://10.0.0.21", "", 21, "a b", "-x"])
+def test_a_fleet_address_that_is_no_address_is_refused(value):
+    host = base("cpu")
+    host["variables"]["fleet_address"] = value
+    [error] = run(host).errors
+    assert (error.key, error.value) == ("fleet_address", value)
+    assert "not an IP address or host name" in error.message
