@@ -9,21 +9,57 @@ import shlex
 from ansible.module_utils.common.text.converters import to_native
 from ansible.plugins.connection import ConnectionBase, ensure_connect
 from ansible_collections.containers.podman.plugins.connection.podman import (
-    DOCUMENTATION as PODMAN_DOCUMENTATION,
-)
-from ansible_collections.containers.podman.plugins.connection.podman import (
     Connection as PodmanConnection,
 )
 
-DOCUMENTATION = (
-    PODMAN_DOCUMENTATION.replace("name: podman", "name: vllm_fleet_podman", 1)
-    .replace(
-        "short_description: Interact with an existing podman container",
-        "short_description: podman connection that pipes modules to podman exec -i",
-        1,
-    )
-    .replace("author: Tomas Tomecek (@TomasTomecek)", "author: vllm-fleet", 1)
-)
+# The collection's options, as its podman plugin documents them (Ansible reads a literal).
+DOCUMENTATION = """
+    author: vllm-fleet (the collection's podman plugin by Tomas Tomecek)
+    name: vllm_fleet_podman
+    short_description: podman connection that pipes modules to podman exec -i
+    description:
+        - Run commands or put/fetch files to an existing container using podman tool.
+    options:
+      remote_addr:
+        description:
+          - The ID of the container you want to access.
+        default: inventory_hostname
+        vars:
+          - name: ansible_host
+          - name: inventory_hostname
+          - name: ansible_podman_host
+      remote_user:
+        description:
+            - User specified via name or UID which is used to execute commands inside the container. If you
+              specify the user via UID, you must set C(ANSIBLE_REMOTE_TMP) to a path that exits
+               inside the container and is writable by Ansible.
+        ini:
+          - section: defaults
+            key: remote_user
+        env:
+          - name: ANSIBLE_REMOTE_USER
+        vars:
+          - name: ansible_user
+      podman_extra_args:
+        description:
+          - Extra arguments to pass to the podman command line.
+        default: ''
+        ini:
+          - section: defaults
+            key: podman_extra_args
+        vars:
+          - name: ansible_podman_extra_args
+        env:
+          - name: ANSIBLE_PODMAN_EXTRA_ARGS
+      podman_executable:
+        description:
+          - Executable for podman command.
+        default: podman
+        vars:
+          - name: ansible_podman_executable
+        env:
+          - name: ANSIBLE_PODMAN_EXECUTABLE
+"""
 
 
 class Connection(PodmanConnection):

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import subprocess
+from collections.abc import Iterator
 
-from tests.lab.faults import secret
+import pytest
+
+from tests.lab.faults import ENGINE_ADDRESSES, secret
 from tests.support.lab import ENGINES, in_host
+from tests.support.reach import probe_command
 
 ROUTER_HOST = "router01"
 ROUTER_HOSTS = ("router01", "router02")
@@ -146,3 +151,38 @@ def test_the_kernel_kills_an_engine_before_what_restarts_it(fresh_lab):
         assert {adjust for _, adjust in engine} == {500}, (host, engine)
         watchdog = by_unit.get("vllm-fleet-watchdog.service", [])
         assert watchdog and {adjust for _, adjust in watchdog} == {0}, (host, watchdog)
+
+
+# A host on the lab network that is none of the fleet's: the engine firewall must drop it.
+ROGUE = "vf-rogue"
+ROGUE_ADDRESS = "10.89.0.66"
+
+
+@pytest.fixture(scope="module")
+def rogue() -> Iterator[str]:
+    subprocess.run(["podman", "rm", "--force", ROGUE], capture_output=True, check=False)
+    subprocess.run(
+        ["podman", "run", "-d", "--name", ROGUE, "--network", "vllm-fleet-lab",
+         "--ip", ROGUE_ADDRESS, "localhost/vllm-fleet-lab:bookworm", "sleep", "infinity"],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    yield ROGUE
+    subprocess.run(["podman", "rm", "--force", ROGUE], capture_output=True, check=False)
+
+
+def reach(host: str, url: str) -> str:
+    return in_host(host, "sh", "-c", probe_command(url)).stdout.strip()
+
+
+def test_engines_answer_the_routers_and_drop_any_other_host(fresh_lab, rogue):
+    """vLLM's key guards /v1 only: /invocations (inference), /pause, /tokenize and /metrics
+    answer whoever connects. The engine firewall lets in the routers, Prometheus and the host
+    itself; a host on the same network that is none of those gets no answer at all."""
+    for host, address in ENGINE_ADDRESSES.items():
+        for path in ("/health", "/invocations", "/pause", "/v1/models"):
+            assert reach(rogue, f"http://{address}:8100{path}") == "dropped", (host, path)
+        for router in ROUTER_HOSTS:
+            assert reach(router, f"http://{address}:8100/health") == "open", (router, host)
+        assert reach(host, f"http://{address}:8100/health") == "open"
+        # Only the engine ports: node exporter is another role's listener, left alone.
+        assert reach(rogue, f"http://{address}:9100/metrics") == "open"

@@ -269,7 +269,8 @@ def bare_host(tmp_path):
         yaml.safe_dump(
             {"all": {"vars": {"ansible_connection": "vllm_fleet_podman",
                               "ansible_python_interpreter": "/usr/bin/python3"},
-                     "children": {"engines": {"hosts": {name: None}},
+                     # A one-host fleet: it reaches itself on loopback.
+                     "children": {"engines": {"hosts": {name: {"fleet_address": "127.0.0.1"}}},
                                   "monitoring": {"hosts": {name: None}},
                                   "node_exporter": {"hosts": {name: None}}}}}
         )

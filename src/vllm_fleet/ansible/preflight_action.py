@@ -18,9 +18,11 @@ import yaml
 from ansible.errors import AnsibleError
 from ansible.plugins.action import ActionBase
 
+from vllm_fleet.ansible.addresses import fleet_address
 from vllm_fleet.preflight import HostInput, PreflightResult, validate
 from vllm_fleet.preflight.change_safety import check_fleet_change
 from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
+from vllm_fleet.preflight.firewall_peers import check_firewall_peers
 from vllm_fleet.preflight.key_rotation import check_fleet_keys
 from vllm_fleet.preflight.report import render_markdown
 
@@ -171,6 +173,10 @@ class PreflightAction(ActionBase):
         )
         check_fleet_change(hosts, engine_hosts, outcome, single_name)
         outcome.errors.extend(check_fleet_keys(hosts, router_default_vrid(self.roles_dir)))
+        peers = task_vars["groups"].get("routers", []) + task_vars["groups"].get("monitoring", [])
+        outcome.errors.extend(
+            check_firewall_peers(hosts, peers, lambda name: fleet_address(name, all_hostvars))
+        )
         report = self._write_report(outcome, Path(args["report_dir"]))
         result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)

@@ -108,6 +108,14 @@ def is_address(value: str) -> bool:
     return True
 
 
+def is_network(value: object) -> bool:
+    try:
+        ipaddress.ip_network(value, strict=False)  # type: ignore[arg-type]
+    except (ValueError, TypeError):
+        return False
+    return isinstance(value, str)
+
+
 def is_int(value: object, minimum: int = 1) -> bool:
     """A whole number from minimum to the largest 64-bit integer; true and false are not numbers."""
     return isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= INT64_MAX
@@ -224,6 +232,7 @@ class HostChecker:
         self.check_facts()
         self.check_unknown_keys()
         self.check_address()
+        self.check_firewall_settings()
         if "fleet_engine_groups" not in self.v:
             return
         self.check_memory_settings()
@@ -272,6 +281,25 @@ class HostChecker:
                 "the fleet reaches this host by name, resolved again on every new connection: "
                 "a DNS outage keeps a restarted engine out of the routers",
                 "set fleet_address to the host's private IP address",
+            )
+
+    def check_firewall_settings(self) -> None:
+        on = self.v.get("fleet_engine_firewall", True)
+        if not isinstance(on, bool):
+            self.error(
+                "fleet_engine_firewall",
+                on,
+                "must be true or false",
+                "leave it out (true: engines' ports open only to routers and monitoring hosts)",
+            )
+        sources = self.v.get("fleet_engine_firewall_sources", [])
+        bad = [s for s in sources if not is_network(s)] if isinstance(sources, list) else sources
+        if bad:
+            self.error(
+                "fleet_engine_firewall_sources",
+                sources,
+                f"not IP addresses or networks: {bad!r}",
+                "list addresses or networks also allowed to the engines, e.g. ['10.0.9.0/24']",
             )
 
     def check_memory_settings(self) -> None:

@@ -21,6 +21,7 @@ CATALOG = yaml.safe_load((ROOT / "catalog/stacks.yml").read_text())["fleet_stack
 CASES = yaml.safe_load((Path(__file__).with_name("cases.yml")).read_text())
 KNOWN = {
     "fleet_accelerator", "fleet_address", "fleet_engine_stack", "fleet_engine_groups", "fleet_models",
+    "fleet_engine_firewall", "fleet_engine_firewall_sources",
     "fleet_engine_api_key", "fleet_wheelhouse_dir", "fleet_wheelhouse_url",
     "fleet_memory_utilization", "fleet_memory_reserve_bytes", "fleet_engine_memory_overhead_bytes",
 }  # fmt: skip
