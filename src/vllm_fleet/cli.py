@@ -22,6 +22,16 @@ def _cmd_engine_run(args: argparse.Namespace) -> int:
     return run(Path(args.config))
 
 
+def _cmd_engine_membership(args: argparse.Namespace) -> int:
+    from vllm_fleet.engine.membership import join_main, leave_main
+
+    env_file = Path(args.env_file) if args.env_file else None
+    config, control = Path(args.config), Path(args.control_key_file)
+    if args.command == "engine-join":
+        return join_main(config, env_file, control)
+    return leave_main(config, env_file, control, grace=not args.no_grace)
+
+
 def _cmd_smoke(args: argparse.Namespace) -> int:
     from vllm_fleet.engine.config import EngineConfig, probe_host
     from vllm_fleet.env_file import read_env_file
@@ -155,23 +165,25 @@ def _cmd_watchdog(args: argparse.Namespace) -> int:
     return watchdog_main(["--config", args.config, *(["--once"] if args.once else [])])
 
 
-def _traffic_inputs(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, str]]:
+def _traffic_inputs(args: argparse.Namespace) -> tuple[EngineConfig, dict[str, str], str | None]:
+    """The group's settings, its env file and the control key (vllm_fleet.engine.membership)."""
     from vllm_fleet.engine.config import EngineConfig
+    from vllm_fleet.engine.membership import control_key
     from vllm_fleet.env_file import read_env_file
 
     cfg = EngineConfig.model_validate_json(Path(args.config).read_text())
-    return cfg, read_env_file(Path(args.env_file))
+    env = read_env_file(Path(args.env_file))
+    return cfg, env, control_key(Path(args.control_key_file), env)
 
 
 def _cmd_traffic_drain(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine.exec import CONTROL_KEY_ENV
     from vllm_fleet.router.traffic import TrafficError, drain
 
-    cfg, env = _traffic_inputs(args)
+    cfg, _env, key = _traffic_inputs(args)
     try:
         result = drain(
             cfg,
-            env.get(CONTROL_KEY_ENV) or None,
+            key,
             args.timeout,
             args.reason,
             min_peers=args.min_peers,
@@ -184,14 +196,11 @@ def _cmd_traffic_drain(args: argparse.Namespace) -> int:
 
 
 def _cmd_traffic_release(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine.exec import CONTROL_KEY_ENV
     from vllm_fleet.router.traffic import TrafficError, release
 
-    cfg, env = _traffic_inputs(args)
+    cfg, env, key = _traffic_inputs(args)
     try:
-        seconds = release(
-            cfg, env.get("VLLM_API_KEY", ""), env.get(CONTROL_KEY_ENV) or None, args.timeout
-        )
+        seconds = release(cfg, env.get("VLLM_API_KEY", ""), key, args.timeout)
     except TrafficError as err:
         _stderr(f"release: {err}")
         return 1
@@ -224,6 +233,16 @@ def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _add_control_key_file(p: argparse.ArgumentParser) -> None:
+    from vllm_fleet.engine.membership import CONTROL_KEY_FILE
+
+    p.add_argument(
+        "--control-key-file",
+        default=str(CONTROL_KEY_FILE),
+        help="root-only file with the routers' control key (else the env file's, if it has one)",
+    )
+
+
 def _add_traffic(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     traffic = sub.add_parser(
         "traffic", help="take an engine group out of the routers and back (upgrades)"
@@ -231,6 +250,7 @@ def _add_traffic(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = traffic.add_parser("drain", help="hold the group out of the routers; wait until idle")
     p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
     p.add_argument("--env-file", required=True, help="the group's root-only env file (keys)")
+    _add_control_key_file(p)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for idle")
     p.add_argument("--reason", default="drained by vllm-fleet", help="recorded in the hold")
     p.add_argument(
@@ -243,6 +263,7 @@ def _add_traffic(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     p = traffic.add_parser("release", help="lift the hold; rejoin every router and wait")
     p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
     p.add_argument("--env-file", required=True, help="the group's root-only env file (keys)")
+    _add_control_key_file(p)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for listing")
     p.set_defaults(func=_cmd_traffic_release)
 
@@ -348,6 +369,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("engine-run", help="run one engine group (systemd's main process)")
     p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
     p.set_defaults(func=_cmd_engine_run)
+
+    for name, what in (
+        ("engine-join", "as root, once the group is ready: join the routers unless it is held"),
+        ("engine-leave", "as root, before the group stops: leave the routers, wait the grace"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("config", help="/etc/vllm-fleet/engines/<group>.json")
+        p.add_argument("--env-file", help="the group's env file (default: beside the config)")
+        _add_control_key_file(p)
+        if name == "engine-leave":
+            p.add_argument(
+                "--no-grace", action="store_true", help="after the stop: do not wait the grace"
+            )
+        p.set_defaults(func=_cmd_engine_membership)
 
     p = sub.add_parser("smoke", help="smoke-test one engine group on this host")
     p.add_argument("--config", required=True)

@@ -12,9 +12,10 @@ import re
 import subprocess
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
-from tests.lab.faults import ENGINE_ADDRESSES, secret
+from tests.lab.faults import ENGINE_ADDRESSES, ENGINE_URLS, ROUTER_ADDRESSES, secret
 from tests.support.lab import ENGINES, in_host
 from tests.support.reach import probe_command
 
@@ -134,6 +135,38 @@ def test_the_router_runs_unprivileged_and_its_keys_stay_root_only(fresh_lab):
     }
     settings = in_host(ROUTER_HOST, "cat", "/etc/vllm-fleet/router.json").stdout
     assert settings and not any(key in settings for key in keys)
+
+
+def test_the_engine_user_never_holds_the_routers_control_key(fresh_lab):
+    """Whoever holds the control key can add a worker and receive every client's prompts.
+    vLLM (and code a model ships) runs as the engine's user, as engine-run does: no process of
+    the unit carries the key, the group's env file does not, and the root-only file that does
+    is unreadable to that user. Joining and leaving the routers is root's (ExecStartPost=+,
+    ExecStop=+); the engine is in both routers all the same."""
+    key = secret("router_control_key")
+    for host in ENGINES:
+        rows = in_host(host, "ps", "-eo", "pid=,user:32=,unit:64=").stdout.splitlines()
+        engine = [(pid, user) for pid, user, unit in map(str.split, rows) if unit == UNITS[host][0]]
+        assert len(engine) >= 2 and {user for _, user in engine} == {"vllm"}, (host, engine)
+        for pid, _ in engine:
+            environ = in_host(host, "cat", f"/proc/{pid}/environ", check=False).stdout
+            assert key not in environ, f"{host}: the control key in /proc/{pid}/environ"
+        assert key not in in_host(host, "cat", "/etc/vllm-fleet/engines/g0.env").stdout
+        control = "/etc/vllm-fleet/router-control.env"
+        assert in_host(host, "stat", "-c", "%U %G %a", control).stdout.split() == [
+            "root", "root", "600",
+        ]  # fmt: skip
+        as_vllm = in_host(host, "runuser", "-u", "vllm", "--", "cat", control, check=False)
+        assert as_vllm.returncode != 0 and "Permission denied" in as_vllm.stderr
+        assert key in in_host(host, "cat", control).stdout
+    assert all(ENGINE_URLS[h] in workers_of(r) for h in ENGINES for r in ROUTER_HOSTS)
+
+
+def workers_of(router: str) -> list[str]:
+    """The worker URLs one router lists (asked at its own address, with the control key)."""
+    headers = {"Authorization": f"Bearer {secret('router_control_key')}"}
+    url = f"http://{ROUTER_ADDRESSES[router]}:{ROUTER_PORT}/workers"
+    return [w["url"] for w in httpx.get(url, headers=headers, timeout=5).json()["workers"]]
 
 
 def test_the_kernel_kills_an_engine_before_what_restarts_it(fresh_lab):

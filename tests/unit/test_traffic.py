@@ -18,7 +18,7 @@ from tests.unit.router_fixtures import (
 )
 from vllm_fleet.cli import main
 from vllm_fleet.engine.config import EngineConfig
-from vllm_fleet.engine.exec import Membership, admit
+from vllm_fleet.engine.membership import Membership, admit
 from vllm_fleet.router import hold
 from vllm_fleet.router.client import RouterTarget, router_client
 from vllm_fleet.router.traffic import TrafficError, drain, release
@@ -186,3 +186,47 @@ def test_an_unhealthy_peer_does_not_count(sglang_router, engine):
             drain(config_for(engine, [sglang_router.url]), CONTROL_KEY, 5, "upgrade", min_peers=1)
         drain(config_for(peer, [sglang_router.url]), CONTROL_KEY, 10, "cleanup", poll=0.1)
         drain(config_for(engine, [sglang_router.url]), CONTROL_KEY, 10, "cleanup", poll=0.1)
+
+
+def write_group(tmp_path, cfg: EngineConfig, *, old_env_key: bool = False) -> tuple[str, str]:
+    """The group's settings and env file as the role writes them, and the root-only control
+    key file; an older env file still held the control key itself."""
+    (tmp_path / "g0.json").write_text(
+        cfg.model_copy(update={"leave_grace_seconds": 0}).model_dump_json()
+    )
+    env = f"VLLM_API_KEY={ENGINE_KEY}\n"
+    control = tmp_path / "router-control.env"
+    if old_env_key:
+        env += f"VLLM_FLEET_ROUTER_CONTROL_KEY={CONTROL_KEY}\n"
+    else:
+        control.write_text(f"VLLM_FLEET_ROUTER_CONTROL_KEY={CONTROL_KEY}\n")
+    (tmp_path / "g0.env").write_text(env)
+    return str(tmp_path / "g0.json"), str(control)
+
+
+@pytest.mark.parametrize("old_env_key", [False, True])
+def test_root_helpers_join_a_ready_group_and_leave_it_with_the_root_only_key(
+    tmp_path, sglang_router, engine, old_env_key
+):
+    config, control = write_group(
+        tmp_path, config_for(engine, [sglang_router.url]), old_env_key=old_env_key
+    )
+    assert main(["engine-join", config, "--control-key-file", control]) == 0
+    wait_until(lambda: engine.url in listed(sglang_router.url), timeout=15, what="the join")
+    assert main(["engine-leave", config, "--control-key-file", control]) == 0
+    assert engine.url not in listed(sglang_router.url)
+
+
+def test_the_join_helper_respects_a_hold_and_never_fails_the_unit(tmp_path, sglang_router, engine):
+    config, control = write_group(tmp_path, config_for(engine, [sglang_router.url]))
+    hold.hold("g0", "upgrade")
+    assert main(["engine-join", config, "--control-key-file", control]) == 0
+    assert engine.url not in listed(sglang_router.url)
+    # No key at all (a host whose role has not written it yet): nothing joined, still 0.
+    hold.release("g0")
+    (tmp_path / "router-control.env").unlink()
+    assert main(["engine-join", config, "--control-key-file", control]) == 0
+    assert engine.url not in listed(sglang_router.url)
+    # A router that is down is the watchdog's to retry: the unit still starts.
+    down, control = write_group(tmp_path, config_for(engine, ["http://127.0.0.1:9"]))
+    assert main(["engine-join", down, "--control-key-file", control]) == 0

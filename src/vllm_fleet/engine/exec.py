@@ -1,8 +1,9 @@
 """``vllm-fleet engine-run``: run one engine group as systemd's main process.
 
-It starts vLLM, reports readiness to systemd (Type=notify) only once ``/health`` answers,
-joins the fleet's routers at that moment, and on SIGTERM leaves them *before* vLLM starts
-draining: a router then sends nothing new to an engine that is about to refuse it.
+It starts vLLM and reports readiness to systemd (Type=notify) only once ``/health`` answers;
+on SIGTERM vLLM drains. Joining the routers once ready and leaving them before the drain are
+root's (``vllm-fleet engine-join`` / ``engine-leave``, vllm_fleet.engine.membership): this
+process runs as the engine's user, which never holds the routers' control key.
 
 It is also a child subreaper: inside a container on a cgroup-v1 host systemd is not told
 when a unit's cgroup empties, so stops hang until TimeoutStopSec. Forwarding SIGTERM to
@@ -30,23 +31,14 @@ from pathlib import Path
 
 import httpx
 
-from vllm_fleet.engine.config import (
-    EngineConfig,
-    advertise_url,
-    engine_argv,
-    engine_env,
-    probe_host,
-)
+from vllm_fleet.engine.config import EngineConfig, engine_argv, engine_env, probe_host
+from vllm_fleet.engine.membership import CONTROL_KEY_ENV
 from vllm_fleet.engine.model_check import check_model
-from vllm_fleet.router import hold
-from vllm_fleet.router.client import RouterError, router_client
 from vllm_fleet.sd_notify import notify
 
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 ABORT = signal.SIGUSR1
-CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
-ROUTER_TIMEOUT = 3.0
 # EX_CONFIG: the journal shows status=78/CONFIG, which reads as what it is.
 MODEL_INCOMPLETE_EXIT = 78
 # EX_SOFTWARE: vLLM ended without being asked to. Its API server exits 0 after its engine
@@ -130,56 +122,10 @@ def start_deaf_thread(target: Callable[[], None], name: str, signals: set[int]) 
         signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
-class Membership:
-    """This group's place in the routers: joined once ready, left once stopping."""
-
-    def __init__(self, cfg: EngineConfig, engine_key: str, control_key: str | None) -> None:
-        self.cfg = cfg
-        self.url = advertise_url(cfg)
-        self.engine_key = engine_key
-        self.control_key = control_key
-        self.stopping = False
-        self._lock = threading.Lock()
-
-    def _each_router(self, action: Callable[..., bool], verb: str, done: str) -> None:
-        for target in self.cfg.routers:
-            client = router_client(target, self.control_key, ROUTER_TIMEOUT)
-            try:
-                with contextlib.closing(client):
-                    action(client)
-                log(f"{done} router {target.url} as {self.url}")
-            except (RouterError, httpx.HTTPError) as err:
-                # Not fatal: the host's watchdog reconciles registrations every few seconds.
-                log(f"could not {verb} router {target.url}: {err}")
-
-    def join(self) -> None:
-        with self._lock:
-            if self.stopping:
-                return
-            self._each_router(
-                lambda c: c.join(self.url, self.engine_key, self.cfg.served_name), "join", "joined"
-            )
-
-    def leave(self) -> None:
-        with self._lock:
-            self.stopping = True
-            self._each_router(lambda c: c.leave(self.url), "leave", "left")
-
-
-def admit(cfg: EngineConfig, membership: Membership) -> str:
-    """Join the routers unless the group is held out of them; a suffix for the status."""
-    if hold.is_held(cfg.group):
-        # An upgrade checks the group directly before it gets traffic again.
-        log(f"held out of the routers ({hold.hold_path(cfg.group)}); not joining")
-        return ", held out of the routers"
-    membership.join()
-    return ""
-
-
-def wait_healthy(url: str, child: subprocess.Popen[bytes], membership: Membership) -> bool:
+def wait_healthy(url: str, child: subprocess.Popen[bytes], stopping: threading.Event) -> bool:
     """Poll /health until 200; False if vLLM exits or the group is stopped first."""
     with httpx.Client(timeout=2.0) as client:
-        while child.poll() is None and not membership.stopping:
+        while child.poll() is None and not stopping.is_set():
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(url).status_code == 200:
                     return True
@@ -234,23 +180,22 @@ def run(config_path: Path) -> int:
         return MODEL_INCOMPLETE_EXIT
     state_dir = Path(os.environ.get("STATE_DIRECTORY", f"/var/lib/vllm-fleet/engines/{cfg.group}"))
     env = dict(os.environ)
-    # vLLM needs its own key (VLLM_API_KEY), never the routers' control key.
-    control_key = env.pop(CONTROL_KEY_ENV, None) or None
+    # vLLM needs its own key (VLLM_API_KEY), never the routers' control key (an older
+    # settings file may still hold it).
+    env.pop(CONTROL_KEY_ENV, None)
     env.update(engine_env(cfg, state_dir))
     for key in ("TMPDIR", "XDG_CACHE_HOME"):
         Path(env[key]).mkdir(parents=True, exist_ok=True)
-    membership = Membership(cfg, env.get("VLLM_API_KEY", ""), control_key)
+    asked_to_stop = threading.Event()
+    aborting = threading.Event()
     become_subreaper()
     child = subprocess.Popen(engine_argv(cfg), env=env)
 
     def on_ready() -> None:
         health = f"http://{probe_host(cfg)}:{cfg.port}/health"
-        if wait_healthy(health, child, membership):
-            status = admit(cfg, membership)
-            notify(f"READY=1\nSTATUS=serving {cfg.served_name} on port {cfg.port}{status}")
-
-    asked_to_stop = threading.Event()
-    aborting = threading.Event()
+        if wait_healthy(health, child, asked_to_stop):
+            # The unit's ExecStartPost (root) joins the routers once this says ready.
+            notify(f"READY=1\nSTATUS=serving {cfg.served_name} on port {cfg.port}")
 
     def abort(_signum: int, _frame: object) -> None:
         if not aborting.is_set():
@@ -264,11 +209,10 @@ def run(config_path: Path) -> int:
     def forward(signum: int, _frame: object) -> None:
         if aborting.is_set():
             return  # a stop ordered with the abort: the abort is already ending it
+        if signum == signal.SIGTERM and not asked_to_stop.is_set():
+            # The unit's ExecStop (root) has left the routers already.
+            notify("STOPPING=1\nSTATUS=draining")
         asked_to_stop.set()
-        if signum == signal.SIGTERM and not membership.stopping:
-            notify("STOPPING=1\nSTATUS=leaving the routers, then draining")
-            membership.leave()
-            time.sleep(cfg.leave_grace_seconds)
         child.send_signal(signum)
         # A stopped (SIGSTOP, hung) engine acts on nothing until it is continued.
         with contextlib.suppress(ProcessLookupError):
@@ -281,11 +225,8 @@ def run(config_path: Path) -> int:
     returncode = child.wait()
     if not asked_to_stop.is_set():
         log(f"vLLM exited on its own (status {returncode}); failing so systemd restarts the group")
-        membership.leave()
         reap_all(grace=5)
         return returncode if returncode > 0 else EXITED_UNASKED
-    if aborting.is_set():
-        membership.leave()
     reap_all(grace=float(cfg.shutdown_timeout) + 5, hurry=aborting)
     if aborting.is_set():
         return ABORTED
