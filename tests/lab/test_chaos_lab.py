@@ -166,24 +166,36 @@ def chaos(fresh_lab) -> Iterator[None]:
     wait_until(both_in_rotation, START_BOUND, "both engines back in rotation after the case")
 
 
-def test_engine_sigkill(chaos):
-    host, url = "engine01", ENGINE_URLS["engine01"]
+def kill_and_rejoin(host: str, load: ClientLoad) -> tuple[float, float, float]:
+    """Under ``load``: kill vLLM on ``host`` (a segfault, a kill -9: the agent that supervises
+    it exits non-zero and systemd restarts the unit) and wait until the routers have it back.
+    (when, seconds until ejected, seconds until back in rotation)."""
+    url = ENGINE_URLS[host]
     before = int(unit_show(host, "NRestarts")["NRestarts"])
+    time.sleep(3)
+    started = time.monotonic()
+    in_host(host, "sh", "-c", KILL_VLLM)
+    ejected = wait_until(lambda: workers().get(url) is not True, 30, "router ejects it")
+    back_in_rotation(host, before)
+    recovered = time.monotonic() - started
+    time.sleep(3)
+    return started, ejected, recovered
+
+
+def back_in_rotation(host: str, restarts_before: int) -> None:
+    """Until systemd has restarted the engine unit and the router lists it healthy again."""
+    wait_until(
+        lambda: int(unit_show(host, "NRestarts")["NRestarts"]) > restarts_before,
+        60,
+        "systemd restarts the unit",
+    )
+    wait_until(lambda: workers().get(ENGINE_URLS[host]) is True, START_BOUND, "back in rotation")
+
+
+def test_engine_sigkill(chaos):
+    host = "engine01"
     with clients() as load:
-        time.sleep(3)
-        started = time.monotonic()
-        # vLLM's processes die (a segfault, a kill -9); the agent that supervises them exits
-        # non-zero and systemd restarts the unit.
-        in_host(host, "sh", "-c", KILL_VLLM)
-        ejected = wait_until(lambda: workers().get(url) is not True, 30, "router ejects it")
-        wait_until(
-            lambda: int(unit_show(host, "NRestarts")["NRestarts"]) > before,
-            60,
-            "systemd restarts the unit",
-        )
-        wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
-        recovered = time.monotonic() - started
-        time.sleep(3)
+        started, ejected, recovered = kill_and_rejoin(host, load)
     row = record("engine SIGKILL", load.stats, ejected, recovered, files_lost(host))
     assert_bound(row, started)
 
@@ -215,23 +227,11 @@ def test_name_resolution_gone_an_engine_restarts_and_rejoins_by_address(chaos):
     """No host can resolve a name (the lab's DNS gone on all four) and an engine dies: the
     routers reach the other engine and the restarted one, the engine and its watchdog reach
     the routers, all by the addresses the inventory gave (fleet_address), so it rejoins."""
-    host, url = "engine01", ENGINE_URLS["engine01"]
+    host = "engine01"
     assert resolves("router01", host), "the lab resolves names before the fault"
-    before = int(unit_show(host, "NRestarts")["NRestarts"])
     with name_resolution_gone(LAB_HOSTS), clients() as load:
         assert not resolves("router01", host) and not resolves(host, "router01")
-        time.sleep(3)
-        started = time.monotonic()
-        in_host(host, "sh", "-c", KILL_VLLM)
-        ejected = wait_until(lambda: workers().get(url) is not True, 30, "router ejects it")
-        wait_until(
-            lambda: int(unit_show(host, "NRestarts")["NRestarts"]) > before,
-            60,
-            "systemd restarts the unit",
-        )
-        wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
-        recovered = time.monotonic() - started
-        time.sleep(3)
+        started, ejected, recovered = kill_and_rejoin(host, load)
         # Still no name resolves: it rejoined by address.
         assert not resolves("router01", host) and not resolves(host, "router01")
     row = record(
@@ -904,12 +904,7 @@ def test_engine_oom_killed(chaos):
                 pressure.join(timeout=60)
         wait_until(lambda: workers().get(url) is not True, 30, "router ejects it")
         detected = time.monotonic() - started  # from the pressure's start: the kill is in it
-        wait_until(
-            lambda: int(unit_show(host, "NRestarts")["NRestarts"]) > before,
-            60,
-            "systemd restarts the unit",
-        )
-        wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
+        back_in_rotation(host, before)
         recovered = time.monotonic() - started
         time.sleep(3)
     row = record(

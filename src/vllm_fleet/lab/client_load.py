@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import httpx2
 import openai
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -123,11 +127,7 @@ class ClientLoad:
         while not self._stop.is_set():
             n += 1
             started = time.monotonic()
-            try:
-                ok, detail, retries = self._attempt(client, worker, n)
-            except openai.AuthenticationError:
-                client = self._switched(client)
-                ok, detail, retries = self._attempt(client, worker, n)
+            client, (ok, detail, retries) = self._keyed(client, self._attempt, worker, n)
             with self._lock:
                 ended = time.monotonic()
                 self.stats.requests.append(Request("plain", started, ended, ok))
@@ -151,8 +151,7 @@ class ClientLoad:
             )
             completion = raw.parse()
         except openai.APIStatusError as err:
-            if err.status_code == 401 and len(self.keys) > 1 and client.api_key == self.keys[0]:
-                raise
+            self._raise_to_switch_keys(err, client)
             return False, f"HTTP {err.status_code}: {err.response.text[:160]}", 0
         except openai.APIError as err:
             return False, f"{type(err).__name__}: {err}", 0
@@ -164,11 +163,7 @@ class ClientLoad:
         while not self._stop.is_set():
             n += 1
             started = time.monotonic()
-            try:
-                done, answered = self._stream_attempt(client, worker, n)
-            except openai.AuthenticationError:
-                client = self._switched(client)
-                done, answered = self._stream_attempt(client, worker, n)
+            client, (done, answered) = self._keyed(client, self._stream_attempt, worker, n)
             with self._lock:
                 self.stats.requests.append(Request("stream", started, time.monotonic(), done))
                 if done:
@@ -191,8 +186,7 @@ class ClientLoad:
                 model=self.model, prompt=prompt, max_tokens=32, temperature=0, stream=True
             )
         except openai.APIStatusError as err:
-            if err.status_code == 401 and len(self.keys) > 1 and client.api_key == self.keys[0]:
-                raise
+            self._raise_to_switch_keys(err, client)
             return False, True
         except openai.APIError:
             return False, False
@@ -204,6 +198,27 @@ class ClientLoad:
         except (openai.APIError, httpx2.HTTPError):
             return False, True
         return finished, True
+
+    def _keyed(
+        self,
+        client: openai.OpenAI,
+        attempt: Callable[[openai.OpenAI, int, int], T],
+        worker: int,
+        n: int,
+    ) -> tuple[openai.OpenAI, T]:
+        """``attempt``, once more with the other key after a 401 to the first: (the client
+        to use from now on, the attempt's outcome)."""
+        try:
+            return client, attempt(client, worker, n)
+        except openai.AuthenticationError:
+            client = self._switched(client)
+            return client, attempt(client, worker, n)
+
+    def _raise_to_switch_keys(self, err: openai.APIStatusError, client: openai.OpenAI) -> None:
+        """A 401 to a client that still presents its first key is raised: the loop switches
+        to the other key once."""
+        if err.status_code == 401 and len(self.keys) > 1 and client.api_key == self.keys[0]:
+            raise err
 
     def _switched(self, client: openai.OpenAI) -> openai.OpenAI:
         """The client presenting the other key from now on."""

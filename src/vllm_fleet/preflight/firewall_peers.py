@@ -7,10 +7,9 @@ role after the routers were already changed.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable
 
-from vllm_fleet.preflight.checks import Finding, HostInput
+from vllm_fleet.preflight.checks import Finding, HostInput, is_address
 
 
 def firewall_on(host: HostInput) -> bool:
@@ -18,14 +17,6 @@ def firewall_on(host: HostInput) -> bool:
         "fleet_engine_groups" in host.variables
         and host.variables.get("fleet_engine_firewall", True) is not False
     )
-
-
-def is_address(value: str) -> bool:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
 
 
 def check_firewall_peers(
