@@ -684,10 +684,16 @@ def rotation_of(name: str) -> list[str]:
     listing = httpx.get(f"{ROUTER}/workers", headers=headers, timeout=10)
     listing.raise_for_status()
     return sorted(
-        httpx.URL(w["url"]).host
+        engine_host(w["url"])
         for w in listing.json()["workers"]
         if w.get("model_id") == name and w.get("is_healthy")
     )
+
+
+def engine_host(url: str) -> str:
+    """The lab host a worker URL names: routers list engines by address (fleet_address)."""
+    address = httpx.URL(url).host
+    return next((h for h, a in ENGINE_ADDRESSES.items() if a == address), address)
 
 
 @pytest.mark.full
@@ -979,7 +985,7 @@ def serving_hosts() -> list[str]:
     """The engine hosts the router (either implementation) routes to now."""
     client = router_client(RouterTarget(impl="sglang", url=ROUTER), secret("router_control_key"))
     try:
-        return sorted({httpx.URL(url).host for url in client.healthy()})
+        return sorted({engine_host(url) for url in client.healthy()})
     finally:
         client.close()
 
