@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.collections
 export VLLM_FLEET_CACHE ?= /var/cache/vllm-fleet
 
-.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e e2e-all chaos matrix test test-all bench bench-check bench-router bench-upgrade bench-hash drift clean
+.PHONY: help venv collections prepare lab lab-down lint unit molecule e2e e2e-all chaos attack matrix test test-all bench bench-check bench-router bench-upgrade bench-hash drift clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -61,6 +61,9 @@ e2e-all: prepare ## e2e with every row of the fault and change matrices
 
 chaos: prepare ## the fault matrix alone, on a fresh lab (VLLM_FLEET_LAB_REUSE=1: the running one)
 	$(BIN)/pytest tests/lab/test_chaos_lab.py
+
+attack: prepare ## the attack matrix alone: a rogue host and the engine's user try the fleet (VLLM_FLEET_LAB_REUSE=1: the running lab)
+	$(BIN)/pytest tests/lab/test_attack_lab.py tests/lab/test_exposure_lab.py
 
 matrix: prepare ## the change matrix alone, every row (VLLM_FLEET_LAB_REUSE=1: on the running lab)
 	$(BIN)/pytest tests/lab/test_change_matrix_lab.py

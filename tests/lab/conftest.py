@@ -9,7 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.lab.faults import ROGUE, ROGUE_ADDRESS
 from tests.support.lab import (
+    ATTACK_HEADER,
+    ATTACKS,
     CHAOS_HEADER,
     CHAOS_LEGEND,
     CHAOS_MATRIX,
@@ -68,13 +71,31 @@ def two_runs(fresh_lab: PlaybookRun, tmp_path_factory: pytest.TempPathFactory) -
     )
 
 
+@pytest.fixture(scope="module")
+def rogue() -> Iterator[str]:
+    """A container on the lab network at ROGUE_ADDRESS that is none of the fleet's hosts."""
+    subprocess.run(["podman", "rm", "--force", ROGUE], capture_output=True, check=False)
+    subprocess.run(
+        ["podman", "run", "-d", "--name", ROGUE, "--network", "vllm-fleet-lab",
+         "--ip", ROGUE_ADDRESS, "localhost/vllm-fleet-lab:bookworm", "sleep", "infinity"],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    yield ROGUE
+    subprocess.run(["podman", "rm", "--force", ROGUE], capture_output=True, check=False)
+
+
 @pytest.fixture(scope="session")
 def second_run(two_runs: TwoRuns) -> PlaybookRun:
     return two_runs.first
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The fault and change matrices, at the end of the run where CI's tail shows them."""
+    """The attack, fault and change matrices, at the end of the run where CI's tail shows them."""
+    if ATTACKS:
+        terminalreporter.section("attack matrix")
+        terminalreporter.write_line(ATTACK_HEADER)
+        for attack in ATTACKS:
+            terminalreporter.write_line(attack.line())
     if MATRIX:
         terminalreporter.section("change matrix")
         terminalreporter.write_line(MATRIX_HEADER)

@@ -20,6 +20,9 @@ VIP = "10.89.0.100"  # inventories/lab fleet_router.vip
 # Routers list engines by address (the inventory's fleet_address), never by name.
 ENGINE_ADDRESSES = {"engine01": "10.89.0.21", "engine02": "10.89.0.22"}
 ENGINE_URLS = {host: f"http://{address}:8100" for host, address in ENGINE_ADDRESSES.items()}
+# A host on the lab network that is none of the fleet's (the ``rogue`` fixture).
+ROGUE = "vf-rogue"
+ROGUE_ADDRESS = "10.89.0.66"
 DIRECT = {"engine01": "http://127.0.0.1:8101", "engine02": "http://127.0.0.1:8102"}
 UNIT = "vllm-engine@g0.service"
 MODEL = "smollm2"

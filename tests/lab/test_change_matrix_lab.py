@@ -61,6 +61,7 @@ from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.paths import LabPaths
 from vllm_fleet.lab.rotation import RotationSampler
 from vllm_fleet.router.client import RouterTarget, identify, router_client
+from vllm_fleet.router.control_keys import host_control_key
 from vllm_fleet.weights.publish import publish
 
 VARIANT = "change-matrix"
@@ -862,6 +863,42 @@ def test_a_key_rotation_the_routers_would_refuse_mid_run_is_refused(matrix):
     for key in (control, client, secret("router_control_key"), secret("router_client_key")):
         assert key not in refused.output
     assert {host: engine_settings(host) for host in ENGINES} == before
+
+
+GENERATION = "fleet_router_control_key_generation"
+
+
+def test_a_hosts_control_key_revoked_under_load(matrix):
+    """engine01's key is taken to be stolen: its generation is raised. The routers restart one
+    at a time behind the VIP with engine01's new key in place of the old one, engine01's
+    watchdog and units get the new key and re-register its engines; the old key, the one a
+    thief holds, is refused by both routers; engine02's key is untouched."""
+    fleet_key = secret("router_control_key")
+    host_vars = matrix.inventory["host_vars/engine01.yml"]
+    generation = int(host_vars.get(GENERATION, 0))
+    stolen = host_control_key(fleet_key, "engine01", generation)
+    issued = host_control_key(fleet_key, "engine01", generation + 1)
+
+    def revoke(inv: Inventory) -> None:
+        inv["host_vars/engine01.yml"][GENERATION] = generation + 1
+
+    moves = vip_moves()
+    row, run = matrix.apply(
+        "engine01's control key revoked", revoke, rerun=False, retries=SDK_RETRIES
+    )
+    assert_through_vip_moves(row, run, vip_moves() - moves)
+    for router, address in ROUTER_ADDRESSES.items():
+        url = f"http://{address}:30000/workers"
+        for key, status in [
+            (stolen, 401),
+            (issued, 200),
+            (host_control_key(fleet_key, "engine02"), 200),
+        ]:
+            answer = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=5)
+            assert answer.status_code == status, (router, status, answer.text)
+    control = in_host("engine01", "cat", "/etc/vllm-fleet/router-control.env").stdout
+    assert issued in control and stolen not in control
+    assert serving_hosts() == sorted(ENGINES)
 
 
 def cut_over(

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import subprocess
-from collections.abc import Iterator
 
 import httpx
-import pytest
 
 from tests.lab.faults import ENGINE_ADDRESSES, ENGINE_URLS, ROUTER_ADDRESSES, secret
 from tests.support.lab import ENGINES, in_host
 from tests.support.reach import probe_command
+from vllm_fleet.router.control_keys import host_control_key
 
 ROUTER_HOST = "router01"
 ROUTER_HOSTS = ("router01", "router02")
@@ -127,10 +125,15 @@ def test_the_router_runs_unprivileged_and_its_keys_stay_root_only(fresh_lab):
         assert not any(key in environ for key in keys), f"a key in /proc/{pid}/environ"
     modes = {
         path: in_host(ROUTER_HOST, "stat", "-c", "%U %G %a", path).stdout.split()
-        for path in ("/etc/vllm-fleet/router.env", "/etc/vllm-fleet/router.json")
+        for path in (
+            "/etc/vllm-fleet/router.env",
+            "/etc/vllm-fleet/router-control-keys.json",
+            "/etc/vllm-fleet/router.json",
+        )
     }
     assert modes == {
         "/etc/vllm-fleet/router.env": ["root", "root", "600"],
+        "/etc/vllm-fleet/router-control-keys.json": ["root", "root", "600"],
         "/etc/vllm-fleet/router.json": ["root", "vllm-router", "640"],
     }
     settings = in_host(ROUTER_HOST, "cat", "/etc/vllm-fleet/router.json").stdout
@@ -143,8 +146,9 @@ def test_the_engine_user_never_holds_the_routers_control_key(fresh_lab):
     the unit carries the key, the group's env file does not, and the root-only file that does
     is unreadable to that user. Joining and leaving the routers is root's (ExecStartPost=+,
     ExecStop=+); the engine is in both routers all the same."""
-    key = secret("router_control_key")
     for host in ENGINES:
+        # The host's own key (vllm_fleet.router.control_keys); the fleet's never comes here.
+        key = host_control_key(secret("router_control_key"), host)
         rows = in_host(host, "ps", "-eo", "pid=,user:32=,unit:64=").stdout.splitlines()
         engine = [(pid, user) for pid, user, unit in map(str.split, rows) if unit == UNITS[host][0]]
         assert len(engine) >= 2 and {user for _, user in engine} == {"vllm"}, (host, engine)
@@ -184,23 +188,6 @@ def test_the_kernel_kills_an_engine_before_what_restarts_it(fresh_lab):
         assert {adjust for _, adjust in engine} == {500}, (host, engine)
         watchdog = by_unit.get("vllm-fleet-watchdog.service", [])
         assert watchdog and {adjust for _, adjust in watchdog} == {0}, (host, watchdog)
-
-
-# A host on the lab network that is none of the fleet's: the engine firewall must drop it.
-ROGUE = "vf-rogue"
-ROGUE_ADDRESS = "10.89.0.66"
-
-
-@pytest.fixture(scope="module")
-def rogue() -> Iterator[str]:
-    subprocess.run(["podman", "rm", "--force", ROGUE], capture_output=True, check=False)
-    subprocess.run(
-        ["podman", "run", "-d", "--name", ROGUE, "--network", "vllm-fleet-lab",
-         "--ip", ROGUE_ADDRESS, "localhost/vllm-fleet-lab:bookworm", "sleep", "infinity"],
-        capture_output=True, check=True,
-    )  # fmt: skip
-    yield ROGUE
-    subprocess.run(["podman", "rm", "--force", ROGUE], capture_output=True, check=False)
 
 
 def reach(host: str, url: str) -> str:

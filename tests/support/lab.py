@@ -140,6 +140,26 @@ class ChaosRow:
         )
 
 
+@dataclass
+class AttackRow:
+    """One attack tried on the lab (tests/lab/test_attack_lab.py) and what answered."""
+
+    who: str
+    tried: str
+    expected: str
+    answered: str
+
+    def line(self) -> str:
+        verdict = "refused" if self.answered == self.expected else "GOT THROUGH"
+        return (
+            f"{self.who:22s} | {self.tried:58s} | {self.expected:8s} | "
+            f"{self.answered:26s} | {verdict}"
+        )
+
+
+ATTACKS: list[AttackRow] = []
+ATTACK_HEADER = f"{'who':22s} | {'tried':58s} | {'expected':8s} | {'answered':26s} | verdict"
+
 CHAOS_MATRIX: list[ChaosRow] = []
 CHAOS_HEADER = (
     f"{'fault':28s} {'detect s':>8s} {'recover s':>9s} {'ok':>5s} {'retried':>7s} "

@@ -90,8 +90,8 @@ def start_router(
         **(extra or {}),
     }
     if impl == "sglang":
-        settings["api_key"] = CLIENT_KEY
-        settings["control_plane_api_keys"] = [["ops", "ops", CONTROL_KEY, "admin"]]
+        settings.setdefault("api_key", CLIENT_KEY)
+        settings.setdefault("control_plane_api_keys", [["ops", "ops", CONTROL_KEY, "admin"]])
     else:
         settings["worker_startup_timeout_secs"] = 2
         settings["worker_startup_check_interval"] = 1

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from vllm_fleet.router.launch import CLIENT_KEY_ENV, CONTROL_KEY_ENV, build_args, keys_from
+from vllm_fleet.router.launch import CLIENT_KEY_ENV, build_args, control_keys_from, keys_from
 
 # What roles/router/templates/router.json.j2 renders (lab values).
 ROUTER_ARGS = {
@@ -32,7 +34,8 @@ ROUTER_ARGS = {
     "retry_max_backoff_ms": 500,
     "log_level": "info",
 }
-KEYS = {CLIENT_KEY_ENV: "client-key-0123456789", CONTROL_KEY_ENV: "control-key-0123456789"}
+KEYS = {CLIENT_KEY_ENV: "client-key-0123456789"}
+CONTROL = [("operator", "control-key-0123456789"), ("engine-a", "engine-a-key-0123456789")]
 
 
 def config(impl: str) -> dict[str, object]:
@@ -40,42 +43,26 @@ def config(impl: str) -> dict[str, object]:
     return {"impl": impl, "package": package, "router_args": dict(ROUTER_ARGS)}
 
 
-def test_sglang_gets_the_client_key_and_an_admin_control_key():
-    args = build_args(config("sglang"), KEYS)
+def test_sglang_gets_the_client_key_and_each_control_key_under_its_identity():
+    args = build_args(config("sglang"), KEYS, CONTROL)
     assert args.api_key == KEYS[CLIENT_KEY_ENV]
     assert args.control_plane_api_keys == [
-        ("vllm-fleet", "vllm-fleet", KEYS[CONTROL_KEY_ENV], "admin")
+        ("operator", "operator", "control-key-0123456789", "admin"),
+        ("engine-a", "engine-a", "engine-a-key-0123456789", "admin"),
     ]
     assert (args.host, args.prometheus_host) == ("10.89.0.2", "10.89.0.2")
     assert args.request_timeout_secs == 20 and args.max_concurrent_requests == 64
 
 
-def test_sglang_accepts_the_retiring_control_keys_beside_the_current_one():
-    env = {
-        **KEYS,
-        # Rendered in order; the 10th sorts after the 2nd by number, not by text.
-        "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_10": "retiring-key-ten-0000",
-        "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_2": "retiring-key-two-0000",
-        "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_3": "",
-        "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_x": "not-a-rendered-key",
-    }
-    args = build_args(config("sglang"), env)
-    assert args.control_plane_api_keys == [
-        ("vllm-fleet", "vllm-fleet", KEYS[CONTROL_KEY_ENV], "admin"),
-        ("vllm-fleet-retiring-2", "vllm-fleet-retiring-2", "retiring-key-two-0000", "admin"),
-        ("vllm-fleet-retiring-10", "vllm-fleet-retiring-10", "retiring-key-ten-0000", "admin"),
-    ]
-    # The client key stays the only one clients may present.
-    assert args.api_key == KEYS[CLIENT_KEY_ENV]
-
-
-def test_sglang_refuses_to_start_without_both_keys():
+def test_sglang_refuses_to_start_without_both_kinds_of_key():
     with pytest.raises(SystemExit, match="refusing to start an unauthenticated router"):
-        build_args(config("sglang"), {CLIENT_KEY_ENV: "only-the-client-key"})
+        build_args(config("sglang"), KEYS, [])
+    with pytest.raises(SystemExit, match="refusing to start an unauthenticated router"):
+        build_args(config("sglang"), {}, CONTROL)
 
 
 def test_vllm_router_takes_every_rendered_setting_and_no_key():
-    args = build_args(config("vllm"), KEYS)
+    args = build_args(config("vllm"), KEYS, CONTROL)
     assert args.policy == "cache_aware" and args.balance_abs_threshold == 8
     # vllm-router does not check client keys: passing one would only suggest it does.
     assert args.api_key is None
@@ -85,22 +72,20 @@ def test_an_unknown_setting_is_refused_by_name():
     bad = config("sglang")
     bad["router_args"]["helth_check_interval_secs"] = 1  # type: ignore[index]
     with pytest.raises(SystemExit, match="does not take helth_check_interval_secs"):
-        build_args(bad, KEYS)
+        build_args(bad, KEYS, CONTROL)
 
 
-def test_keys_come_from_the_units_credential_before_the_environment(tmp_path):
+def test_keys_come_from_the_units_credentials_before_the_environment(tmp_path):
     (tmp_path / "router.env").write_text(
         "# comment\nVLLM_FLEET_ROUTER_CLIENT_KEY='from-credential-client'\n"
-        "VLLM_FLEET_ROUTER_CONTROL_KEY=from-credential-control\n"
     )
     keys = keys_from(str(tmp_path), {CLIENT_KEY_ENV: "from-env", "PATH": "/usr/bin"})
-    assert keys == {
-        CLIENT_KEY_ENV: "from-credential-client",
-        CONTROL_KEY_ENV: "from-credential-control",
-    }
-    (tmp_path / "router.env").write_text(
-        "VLLM_FLEET_ROUTER_CONTROL_KEY=current\nVLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_1=old\n"
-    )
-    assert keys_from(str(tmp_path), {})["VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_1"] == "old"
-    # No credential: the environment's keys, and nothing else from it.
+    assert keys == {CLIENT_KEY_ENV: "from-credential-client"}
+    # No credential: the environment's key, and nothing else from it.
     assert keys_from(None, {CLIENT_KEY_ENV: "a", "PATH": "/usr/bin"}) == {CLIENT_KEY_ENV: "a"}
+    assert control_keys_from(str(tmp_path)) == []
+    (tmp_path / "router-control-keys.json").write_text(
+        json.dumps([{"id": i, "key": k} for i, k in CONTROL])
+    )
+    assert control_keys_from(str(tmp_path)) == CONTROL
+    assert control_keys_from(None) == []

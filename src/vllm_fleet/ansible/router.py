@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
+from vllm_fleet.router.control_keys import host_generations, router_control_keys
 from vllm_fleet.router.vip import handover, peers, vip_problems
 
 
@@ -77,4 +78,6 @@ FILTERS = {
     "router_address_scope": address_scope,
     "router_public_reach": public_reach,
     "router_served_names": served_names,
+    "router_control_keys": router_control_keys,
+    "router_control_generations": host_generations,
 }

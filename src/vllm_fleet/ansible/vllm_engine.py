@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, url_host
 from vllm_fleet.deploy.rollout import restart_plan
+from vllm_fleet.router.control_keys import host_control_key
 
 
 def router_targets(hosts: list[str], impl: str, port: int | str) -> list[dict[str, str]]:
@@ -23,6 +24,7 @@ def router_engine_args(router: dict[str, object]) -> list[str]:
 
 
 FILTERS = {
+    "vllm_engine_control_key": host_control_key,
     "vllm_engine_address": fleet_address,
     "vllm_engine_addresses": fleet_addresses,
     "vllm_engine_url_host": url_host,

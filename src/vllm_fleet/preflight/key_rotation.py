@@ -31,11 +31,15 @@ from collections.abc import Mapping
 from vllm_fleet.env_file import parse_env
 from vllm_fleet.preflight.checks import REDACTED, Finding, HostInput
 from vllm_fleet.preflight.vip_change import KEEPALIVED_CONF, check_vrid, keepalived_vrid
+from vllm_fleet.router.control_keys import host_control_key
 
 CONTROL = "fleet_router_control_key"
 RETIRING = "fleet_router_control_keys_retiring"
 CLIENT = "fleet_router_client_key"
 CUTOVER = "fleet_router_client_key_cutover"
+GENERATION = "fleet_router_control_key_generation"
+# How far above the inventory's generation a host's key is looked for (a lowered generation).
+LOWERED_SEARCH = 64
 ENGINE_KEY = "fleet_engine_api_key"
 IMPL = "fleet_router.impl"
 CONTROL_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
@@ -87,9 +91,19 @@ def check_keys(host: HostInput) -> list[Finding]:
     files = keys_now(host.key_files)
     presented = files.get("watchdog.env", {}).get(CONTROL_ENV)
     control = v.get(CONTROL)
-    retiring = v.get(RETIRING)
-    accepted = {control, *(retiring if isinstance(retiring, list) else [])}
-    if presented and isinstance(control, str) and presented not in accepted:
+    later = _later_generation(host.name, v, presented) if presented else None
+    if later is not None:
+        findings.append(
+            Finding(
+                host.name,
+                GENERATION,
+                str(v.get(GENERATION, 0)),
+                f"is lower than the generation of the control key this host holds now ({later}): "
+                "it would give the host back a key that was revoked",
+                f"set {GENERATION}: {later} (or higher, to revoke that one too)",
+            )
+        )
+    elif presented and isinstance(control, str) and not _accepted(host.name, v, presented):
         findings.append(
             Finding(
                 host.name,
@@ -128,6 +142,68 @@ def check_keys(host: HostInput) -> list[Finding]:
             )
         )
     return findings
+
+
+def _accepted(host: str, variables: Mapping[str, object], presented: str) -> bool:
+    """Whether the routers, once restarted, still accept the key this host presents now, or
+    the host's own earlier key is being revoked on purpose (its generation was raised)."""
+    retiring = variables.get(RETIRING)
+    fleet_keys = [
+        k
+        for k in [variables.get(CONTROL), *(retiring if isinstance(retiring, list) else [])]
+        if isinstance(k, str)
+    ]
+    generation = generation_of(variables)
+    if generation is None:
+        return True  # refused on its own by check_control_generation
+    # The fleet's key itself is the operator's identity at the routers: a host that still
+    # presents it (rendered before keys were per host) is accepted until its own batch.
+    if presented in fleet_keys:
+        return True
+    return any(
+        presented == host_control_key(key, host, g)
+        for key in fleet_keys
+        for g in range(generation + 1)
+    )
+
+
+def _later_generation(host: str, variables: Mapping[str, object], presented: str) -> int | None:
+    """The generation of the host's key now when it is above the inventory's (a lowered
+    generation); None otherwise. Searched up to a bound: generations are raised one at a time."""
+    control, generation = variables.get(CONTROL), generation_of(variables)
+    if not isinstance(control, str) or generation is None:
+        return None
+    for later in range(generation + 1, generation + 1 + LOWERED_SEARCH):
+        if presented == host_control_key(control, host, later):
+            return later
+    return None
+
+
+def generation_of(variables: Mapping[str, object]) -> int | None:
+    """The host's control-key generation; None when it is not a non-negative integer."""
+    value = variables.get(GENERATION, 0)
+    # A template or -e on the command line gives the digits as a string.
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
+
+
+def check_control_generation(host: HostInput) -> list[Finding]:
+    value = host.variables.get(GENERATION, 0)
+    if generation_of(host.variables) is not None:
+        return []
+    return [
+        Finding(
+            host.name,
+            GENERATION,
+            str(value),
+            "must be a non-negative integer: the generation of this host's router control key",
+            f"set {GENERATION}: 1 (one more than before) to revoke the host's current key, "
+            "or remove it for 0",
+        )
+    ]
 
 
 def _clients_present(variables: Mapping[str, object], impl: str, client_key: object) -> object:
@@ -190,6 +266,7 @@ def check_fleet_keys(hosts: list[HostInput], default_vrid: int) -> list[Finding]
     with_list = [h for h in hosts if h.variables.get(RETIRING) is not None]
     findings = _retiring_list(with_list[0].name, with_list[0].variables) if with_list else []
     for host in hosts:
+        findings += check_control_generation(host)
         findings += check_keys(host)
         vrid_now = keys_now(host.key_files).get(KEEPALIVED_CONF, {}).get("vrid")
         findings += check_vrid(host, vrid_now, default_vrid)

@@ -18,53 +18,42 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_fleet.router.control_keys import CREDENTIAL as CONTROL_CREDENTIAL
+from vllm_fleet.router.control_keys import read_control_keys
+
 CLIENT_KEY_ENV = "VLLM_FLEET_ROUTER_CLIENT_KEY"
-# The credential's name in the unit (LoadCredential=router.env:/etc/vllm-fleet/router.env).
+# The credentials' names in the unit (LoadCredential=router.env:/etc/vllm-fleet/router.env):
+# the client key, and every control key the router accepts with its identity
+# (vllm_fleet.router.control_keys: the operator's and one per engine host).
 CREDENTIAL = "router.env"
-CONTROL_KEY_ENV = "VLLM_FLEET_ROUTER_CONTROL_KEY"
-# Control keys being rotated out (fleet_router_control_keys_retiring), one variable each
-# (..._1, _2): the router accepts them beside the current one until the engine hosts have
-# moved to it, so no host's joins and leaves are refused mid-rotation.
-RETIRING_CONTROL_KEY_PREFIX = "VLLM_FLEET_ROUTER_RETIRING_CONTROL_KEY_"
-# The control-plane key's identity in sglang-router's audit log.
-CONTROL_KEY_ID = "vllm-fleet"
 
 
-def router_kwargs(config: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+def router_kwargs(
+    config: dict[str, Any], env: dict[str, str], control_keys: list[tuple[str, str]]
+) -> dict[str, Any]:
     """RouterArgs fields from the rendered settings plus the keys (sglang only checks keys)."""
     kwargs = dict(config["router_args"])
     if config["impl"] == "sglang":
         client_key = env.get(CLIENT_KEY_ENV, "")
-        control_key = env.get(CONTROL_KEY_ENV, "")
-        if not client_key or not control_key:
+        if not client_key or not control_keys:
             raise SystemExit(
-                f"router: {CLIENT_KEY_ENV} and {CONTROL_KEY_ENV} must both be set "
-                "(the unit's EnvironmentFile); refusing to start an unauthenticated router"
+                f"router: {CLIENT_KEY_ENV} ({CREDENTIAL}) and the control keys "
+                f"({CONTROL_CREDENTIAL}) must both be set; refusing to start an "
+                "unauthenticated router"
             )
         kwargs["api_key"] = client_key
-        # (id, name, key, role): only this key may add or remove workers.
-        kwargs["control_plane_api_keys"] = [(CONTROL_KEY_ID, CONTROL_KEY_ID, control_key, "admin")]
-        for name, key in retiring_control_keys(env):
-            kwargs["control_plane_api_keys"].append((name, name, key, "admin"))
+        # (id, name, key, role): only these keys may add or remove workers; the id is what
+        # the audit log names (control_plane_audit_enabled in router.json).
+        kwargs["control_plane_api_keys"] = [(i, i, key, "admin") for i, key in control_keys]
     return kwargs
 
 
-def retiring_control_keys(env: dict[str, str]) -> list[tuple[str, str]]:
-    """(audit id, key) of each retiring control key, in the order they were rendered."""
-    found = []
-    for name, key in env.items():
-        suffix = name.removeprefix(RETIRING_CONTROL_KEY_PREFIX)
-        if suffix != name and suffix.isdigit() and key:
-            found.append((int(suffix), f"{CONTROL_KEY_ID}-retiring-{suffix}", key))
-    return [(audit_id, key) for _, audit_id, key in sorted(found)]
-
-
 def is_key_variable(name: str) -> bool:
-    return name in (CLIENT_KEY_ENV, CONTROL_KEY_ENV) or name.startswith(RETIRING_CONTROL_KEY_PREFIX)
+    return name == CLIENT_KEY_ENV
 
 
 def keys_from(credentials_dir: str | None, env: dict[str, str]) -> dict[str, str]:
-    """The keys: from the unit's credential when there is one, else from the environment."""
+    """The client key: from the unit's credential when there is one, else from the environment."""
     from vllm_fleet.env_file import read_env_file
 
     if credentials_dir and (Path(credentials_dir) / CREDENTIAL).is_file():
@@ -72,11 +61,20 @@ def keys_from(credentials_dir: str | None, env: dict[str, str]) -> dict[str, str
     return {k: v for k, v in env.items() if is_key_variable(k)}
 
 
-def build_args(config: dict[str, Any], env: dict[str, str]) -> object:
+def control_keys_from(credentials_dir: str | None) -> list[tuple[str, str]]:
+    """(id, key) of every control key in the unit's credential; none without one."""
+    if credentials_dir and (Path(credentials_dir) / CONTROL_CREDENTIAL).is_file():
+        return read_control_keys(Path(credentials_dir) / CONTROL_CREDENTIAL)
+    return []
+
+
+def build_args(
+    config: dict[str, Any], env: dict[str, str], control_keys: list[tuple[str, str]]
+) -> object:
     package = config["package"]
     router_args = importlib.import_module(f"{package}.router_args").RouterArgs
     known = {f.name for f in dataclasses.fields(router_args)}
-    kwargs = router_kwargs(config, env)
+    kwargs = router_kwargs(config, env, control_keys)
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise SystemExit(f"router: {package} does not take {', '.join(unknown)}")
@@ -88,8 +86,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m vllm_fleet.router.launch ROUTER.json", file=sys.stderr)
         return 2
     config = json.loads(Path(argv[0]).read_text())
-    keys = keys_from(os.environ.get("CREDENTIALS_DIRECTORY"), dict(os.environ))
-    args = build_args(config, keys)
+    credentials = os.environ.get("CREDENTIALS_DIRECTORY")
+    keys = keys_from(credentials, dict(os.environ))
+    args = build_args(config, keys, control_keys_from(credentials))
     # Out of the environment, so nothing the router spawns inherits them.
     for name in [n for n in os.environ if is_key_variable(n)]:
         os.environ.pop(name, None)

@@ -17,10 +17,12 @@ from vllm_fleet.preflight.key_rotation import (
     CLIENT,
     CONTROL,
     CUTOVER,
+    GENERATION,
     RETIRING,
     check_fleet_keys,
     keys_now,
 )
+from vllm_fleet.router.control_keys import host_control_key
 
 OLD_CONTROL = "old-control-key-0123456789"
 NEW_CONTROL = "new-control-key-0123456789"
@@ -228,3 +230,35 @@ def test_a_new_vrrp_id_is_refused_with_the_sequence_that_moves_it_safely():
 
 def test_the_default_vrrp_id_is_the_router_roles():
     assert router_default_vrid(ROOT / "roles") == DEFAULT_VRID
+
+
+def test_hosts_presenting_their_own_derived_keys_rotate_in_the_same_two_runs():
+    old_own = host_control_key(OLD_CONTROL, "engine01")
+    new_own = host_control_key(NEW_CONTROL, "engine01")
+    one_run = engine_host(old_own, **{CONTROL: NEW_CONTROL})
+    assert [f.key for f in check_fleet_keys([one_run], DEFAULT_VRID)] == [CONTROL]
+    first = engine_host(old_own, **{CONTROL: NEW_CONTROL, RETIRING: [OLD_CONTROL]})
+    second = engine_host(new_own, **{CONTROL: NEW_CONTROL, RETIRING: []})
+    assert check_fleet_keys([first, second], DEFAULT_VRID) == []
+    # Another host's key is not this host's: the routers know it under the other name only.
+    stolen = engine_host(host_control_key(NEW_CONTROL, "engine02"), **{CONTROL: NEW_CONTROL})
+    assert [f.key for f in check_fleet_keys([stolen], DEFAULT_VRID)] == [CONTROL]
+
+
+def test_raising_a_hosts_generation_revokes_its_key_at_once_and_lowering_it_is_refused():
+    gen0 = host_control_key(OLD_CONTROL, "engine01", 0)
+    gen2 = host_control_key(OLD_CONTROL, "engine01", 2)
+    revoked = engine_host(gen0, **{CONTROL: OLD_CONTROL, GENERATION: 1})
+    assert check_fleet_keys([revoked], DEFAULT_VRID) == []
+    lowered = engine_host(gen2, **{CONTROL: OLD_CONTROL, GENERATION: 1})
+    findings = check_fleet_keys([lowered], DEFAULT_VRID)
+    assert [(f.key, f.value) for f in findings] == [(GENERATION, "1")]
+    assert f"set {GENERATION}: 2" in shown(findings) and gen2 not in shown(findings)
+
+
+def test_a_generation_that_is_not_a_non_negative_integer_is_refused_by_name():
+    assert check_fleet_keys([engine_host(None, **{GENERATION: "2"})], DEFAULT_VRID) == []
+    for bad in (-1, "-1", "one", 1.5, True):
+        findings = check_fleet_keys([engine_host(None, **{GENERATION: bad})], DEFAULT_VRID)
+        assert [(f.host, f.key) for f in findings] == [("engine01", GENERATION)], bad
+        assert "revoke the host's current key" in shown(findings)
