@@ -41,7 +41,7 @@ LANES = (
         "engine_watchdog",
         "fleet_upgrade",
     ],
-    ["ascend_stack", "cuda_stack", "monitoring", "preflight", "engine_firewall"],
+    ["ascend_stack", "cuda_stack", "monitoring", "preflight", "engine_firewall", "host_tls"],
 )
 SCENARIOS = [BAKER[0]] + [role for lane in LANES for role in lane]
 # What the lab proves with real engines on every make test (tests/lab): these scenarios

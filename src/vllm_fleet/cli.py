@@ -431,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group", action="append", default=[], help="also report this group")
     p.set_defaults(func=_cmd_engine_state)
 
+    _add_ca(sub)
+
     p = sub.add_parser(
         "router-inflight", help="requests the router on this host is working on now (a number)"
     )
@@ -443,6 +445,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_router_inflight)
     return parser
+
+
+def _cmd_ca(args: argparse.Namespace) -> int:
+    from cryptography.hazmat.primitives import hashes
+
+    from vllm_fleet.tls.ca import CaError, init_ca, load_ca
+
+    directory = Path(args.directory)
+    try:
+        if args.ca_command == "init":
+            init_ca(directory, args.name, args.days)
+        ca = load_ca(directory)
+    except CaError as err:
+        print(f"vllm-fleet ca: {err}", file=sys.stderr)
+        return 1
+    fingerprint = ca.cert.fingerprint(hashes.SHA256()).hex(":")
+    print(f"{directory}: {ca.cert.subject.rfc4514_string()}")
+    print(f"  valid until {ca.cert.not_valid_after_utc:%Y-%m-%d}, sha256 {fingerprint}")
+    return 0
+
+
+def _add_ca(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ca = sub.add_parser("ca", help="the fleet's certificate authority (on the controller)")
+    ca_sub = ca.add_subparsers(dest="ca_command", required=True)
+    p = ca_sub.add_parser("init", help="create a CA in DIRECTORY (refuses to replace one)")
+    p.add_argument("directory")
+    p.add_argument("--name", default="vllm-fleet CA", help="the CA certificate's common name")
+    p.add_argument("--days", type=int, default=3650, help="how long the CA certificate is valid")
+    p.set_defaults(func=_cmd_ca)
+    p = ca_sub.add_parser("show", help="check the CA in DIRECTORY and print what it is")
+    p.add_argument("directory")
+    p.set_defaults(func=_cmd_ca)
 
 
 def _cmd_router_inflight(args: argparse.Namespace) -> int:

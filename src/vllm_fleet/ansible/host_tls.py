@@ -1,0 +1,72 @@
+"""Filters of the host_tls role: the controller side of a host certificate.
+
+Filters run on the controller, where the fleet CA's key is; what reaches them from a host is
+its public key, its signing request and its current certificate, never its private key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ansible.errors import AnsibleFilterError
+
+from vllm_fleet.ansible.addresses import fleet_address
+from vllm_fleet.tls.ca import CaError, FleetCa, load_ca, renewal_reason
+
+
+def identity(host: str, hostvars: Mapping[str, Any]) -> dict[str, list[str]]:
+    """What the host's certificate names: its inventory name, and the address the fleet
+    reaches it on (fleet_address, else ansible_host) as an IP address or a DNS name."""
+    names, addresses = [host], []
+    address = fleet_address(host, hostvars)
+    try:
+        addresses.append(str(ipaddress.ip_address(address)))
+    except ValueError:
+        if address not in names:
+            names.append(address)
+    return {"names": names, "addresses": addresses}
+
+
+def _ca(ca_dir: str) -> FleetCa:
+    try:
+        return load_ca(Path(ca_dir))
+    except CaError as err:
+        raise AnsibleFilterError(f"fleet CA: {err}") from err
+
+
+def renewal(
+    cert_pem: str, ca_dir: str, public_key_pem: str, names: list[str], addresses: list[str]
+) -> str:
+    """Why the host's certificate must be issued again; "" when it is still good."""
+    reason = renewal_reason(
+        cert_pem.encode() if cert_pem else None,
+        _ca(ca_dir),
+        public_key_pem.encode(),
+        list(names),
+        list(addresses),
+    )
+    return reason or ""
+
+
+def issue(csr_pem: str, ca_dir: str, names: list[str], addresses: list[str], days: int) -> str:
+    """The host certificate for the request's key, for the inventory's names and addresses."""
+    try:
+        return _ca(ca_dir).issue(csr_pem.encode(), list(names), list(addresses), int(days)).decode()
+    except CaError as err:
+        raise AnsibleFilterError(f"fleet CA: {err}") from err
+
+
+def ca_certificate(ca_dir: str) -> str:
+    """The fleet CA's certificate (PEM), checked with its key."""
+    return _ca(ca_dir).cert_pem.decode()
+
+
+FILTERS = {
+    "host_tls_identity": identity,
+    "host_tls_renewal": renewal,
+    "host_tls_issue": issue,
+    "host_tls_ca_certificate": ca_certificate,
+}
