@@ -18,7 +18,6 @@ import hashlib
 import os
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
@@ -284,10 +283,8 @@ class HfFetch(RemoteFetch):
             sum(e.size for e in expected), f"fetch {self.name}@{self.revision[:12]}", self.report
         )
         bar = _progress_bar(progress)
-        problems: list[str] = []
-        entries: list[ManifestFile] = []
 
-        def one(item: Expected) -> None:
+        def one(item: Expected) -> ManifestFile | str:
             try:
                 hf_hub_download(
                     self.repo,
@@ -305,30 +302,18 @@ class HfFetch(RemoteFetch):
                     raise DiskFullError(
                         f"{item.path}: no space left on device while writing {staging}"
                     ) from err
-                problems.append(self._download_problem(item, err, token))
-                return
+                return self._download_problem(item, err, token)
             # huggingface_hub checked the size at most; the content is checked here.
             got = hash_file(staging / item.path)
             problem = mismatch(item, got)
             if problem is not None:
-                problems.append(problem)
                 forget_download(staging, item.path)
-            else:
-                entries.append(ManifestFile(path=item.path, size=got.size, sha256=got.sha256))
+                return problem
+            return ManifestFile(path=item.path, size=got.size, sha256=got.sha256)
 
-        # Largest first, so one big file does not start last and run alone.
-        ordered = sorted(expected, key=lambda e: e.size, reverse=True)
-        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            list(pool.map(one, ordered))
-        if problems:
-            raise WeightsError(
-                f"model {self.name}: {self.where}: "
-                + "; ".join(sorted(problems))
-                + ". Nothing was installed; the previous revision stays in place. "
-                "Fix the repo, the mirror or the pinned revision and re-run."
-            )
+        manifest = self._fetch_each(expected, lambda e: e.size, one)
         remove_tree(staging / CLIENT_CACHE)
-        return Manifest(model=self.name, files=entries)
+        return manifest
 
     def _download_problem(self, item: Expected, err: BaseException, token: str | None) -> str:
         from huggingface_hub.errors import RemoteEntryNotFoundError

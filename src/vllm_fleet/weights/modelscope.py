@@ -36,7 +36,6 @@ import hashlib
 import os
 import re
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path, PurePosixPath
@@ -227,28 +226,14 @@ class ModelScopeFetch(RemoteFetch):
         progress = Progress(
             sum(f.size for f in listed), f"fetch {self.name}@{self.revision[:12]}", self.report
         )
-        problems: list[str] = []
-        entries: list[ManifestFile] = []
 
-        def one(item: Listed) -> None:
+        def one(item: Listed) -> ManifestFile | str:
             problem = self._download(client, item, staging / item.path, progress, token)
             if problem is not None:
-                problems.append(problem)
-            else:
-                entries.append(ManifestFile(path=item.path, size=item.size, sha256=item.sha256))
+                return problem
+            return ManifestFile(path=item.path, size=item.size, sha256=item.sha256)
 
-        # Largest first, so one big file does not start last and run alone.
-        ordered = sorted(listed, key=lambda f: f.size, reverse=True)
-        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
-            list(pool.map(one, ordered))
-        if problems:
-            raise WeightsError(
-                f"model {self.name}: {self.where}: "
-                + "; ".join(sorted(problems))
-                + ". Nothing was installed; the previous revision stays in place. "
-                "Fix the repo, the endpoint or the pinned revision and re-run."
-            )
-        return Manifest(model=self.name, files=entries)
+        return self._fetch_each(listed, lambda f: f.size, one)
 
     def _download(
         self,

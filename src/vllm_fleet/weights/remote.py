@@ -5,13 +5,17 @@ never show in a message."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from vllm_fleet.weights.base import RevisionFetch, WeightsError
+from vllm_fleet.weights.manifest import Manifest, ManifestFile
 from vllm_fleet.weights.pins import revision_problem
+
+Item = TypeVar("Item")
 
 
 def public_url(url: str) -> str:
@@ -93,3 +97,30 @@ class RemoteFetch(RevisionFetch):
 
     def token(self) -> str | None:
         return os.environ.get(self.TOKEN_ENV, "").strip() or None
+
+    def _fetch_each(
+        self,
+        items: Sequence[Item],
+        size: Callable[[Item], int],
+        one: Callable[[Item], ManifestFile | str],
+    ) -> Manifest:
+        """Every file through ``one`` (its manifest entry, or the reason it failed), largest
+        first so one big file does not start last and run alone, ``workers`` at a time; every
+        failure named at once, and nothing installed when there is one."""
+        problems: list[str] = []
+        entries: list[ManifestFile] = []
+
+        def run(item: Item) -> None:
+            result = one(item)
+            (problems if isinstance(result, str) else entries).append(result)  # type: ignore[arg-type]
+
+        with ThreadPoolExecutor(max_workers=max(1, self.workers)) as pool:
+            list(pool.map(run, sorted(items, key=size, reverse=True)))
+        if problems:
+            raise WeightsError(
+                f"model {self.name}: {self.where}: "
+                + "; ".join(sorted(problems))
+                + ". Nothing was installed; the previous revision stays in place. "
+                "Fix the repo, the endpoint or the pinned revision and re-run."
+            )
+        return Manifest(model=self.name, files=entries)
