@@ -10,6 +10,7 @@ import httpx
 from tests.support.lab import ROOT, in_host
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.paths import LAB_ROUTER_URL
+from vllm_fleet.router.control_keys import host_control_key
 
 ROUTER = LAB_ROUTER_URL
 ROUTERS = ("router01", "router02")
@@ -37,6 +38,17 @@ START_BOUND = 300
 
 def secret(name: str) -> str:
     return (ROOT / ".lab/secrets" / name).read_text().strip()
+
+
+def control_generation(host: str) -> int:
+    """The engine host's control-key generation in the lab (inventories/lab/group_vars/engines.yml)."""
+    path = ROOT / ".lab/secrets" / f"control_key_generation_{host}"
+    return int(path.read_text().strip()) if path.exists() else 0
+
+
+def control_key_of(host: str) -> str:
+    """The control key the engine host holds (vllm_fleet.router.control_keys)."""
+    return host_control_key(secret("router_control_key"), host, control_generation(host))
 
 
 def workers() -> dict[str, bool]:

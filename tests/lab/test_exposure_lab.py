@@ -12,10 +12,15 @@ import re
 
 import httpx
 
-from tests.lab.faults import ENGINE_ADDRESSES, ENGINE_URLS, ROUTER_ADDRESSES, secret
+from tests.lab.faults import (
+    ENGINE_ADDRESSES,
+    ENGINE_URLS,
+    ROUTER_ADDRESSES,
+    control_key_of,
+    secret,
+)
 from tests.support.lab import ENGINES, in_host
 from tests.support.reach import probe_command
-from vllm_fleet.router.control_keys import host_control_key
 
 ROUTER_HOST = "router01"
 ROUTER_HOSTS = ("router01", "router02")
@@ -148,7 +153,7 @@ def test_the_engine_user_never_holds_the_routers_control_key(fresh_lab):
     ExecStop=+); the engine is in both routers all the same."""
     for host in ENGINES:
         # The host's own key (vllm_fleet.router.control_keys); the fleet's never comes here.
-        key = host_control_key(secret("router_control_key"), host)
+        key = control_key_of(host)
         rows = in_host(host, "ps", "-eo", "pid=,user:32=,unit:64=").stdout.splitlines()
         engine = [(pid, user) for pid, user, unit in map(str.split, rows) if unit == UNITS[host][0]]
         assert len(engine) >= 2 and {user for _, user in engine} == {"vllm"}, (host, engine)
