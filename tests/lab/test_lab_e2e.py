@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import yaml
 
+from tests.lab.faults import control_key_of
 from tests.support.lab import (
     CACHE,
     ENGINES,
@@ -67,6 +68,8 @@ def test_the_keys_stay_out_of_command_lines_output_and_journal(fresh_lab, second
     keys = [engine_key()] + [
         (secrets / name).read_text().strip() for name in ("router_client_key", "router_control_key")
     ]
+    # Each engine host's own control key, derived from the fleet's.
+    keys += [control_key_of(host) for host in ENGINES]
     assert "Using module file" in second_run.output  # really -vvv
     for key in keys:
         assert key not in fresh_lab.output
@@ -91,9 +94,17 @@ def test_the_keys_stay_out_of_command_lines_output_and_journal(fresh_lab, second
             assert key not in cmdlines
             assert key not in journal
         key_files = (
-            ["/etc/vllm-fleet/router.env", "/var/lib/vllm-fleet/verify/verify.env"]
+            [
+                "/etc/vllm-fleet/router.env",
+                "/etc/vllm-fleet/router-control-keys.json",
+                "/var/lib/vllm-fleet/verify/verify.env",
+            ]
             if host == "router01"
-            else ["/etc/vllm-fleet/engines/g0.env", "/etc/vllm-fleet/watchdog.env"]
+            else [
+                "/etc/vllm-fleet/engines/g0.env",
+                "/etc/vllm-fleet/watchdog.env",
+                "/etc/vllm-fleet/router-control.env",
+            ]
         )
         for path in key_files:
             mode = in_host(host, "stat", "-c", "%a %U", path).stdout
