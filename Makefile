@@ -62,8 +62,9 @@ e2e-all: prepare ## e2e with every row of the fault and change matrices
 chaos: prepare ## the fault matrix alone, on a fresh lab (VLLM_FLEET_LAB_REUSE=1: the running one)
 	$(BIN)/pytest tests/lab/test_chaos_lab.py
 
-attack: prepare ## the attack matrix alone: a rogue host and the engine's user try the fleet (VLLM_FLEET_LAB_REUSE=1: the running lab)
-	$(BIN)/pytest tests/lab/test_attack_lab.py tests/lab/test_exposure_lab.py
+attack: prepare ## the attack matrix alone: a rogue host and the engine's user try the fleet, a revoked key is tried (VLLM_FLEET_LAB_REUSE=1: the running lab)
+	$(BIN)/pytest tests/lab/test_attack_lab.py tests/lab/test_exposure_lab.py \
+		tests/lab/test_change_matrix_lab.py::test_a_hosts_control_key_revoked_under_load
 
 matrix: prepare ## the change matrix alone, every row (VLLM_FLEET_LAB_REUSE=1: on the running lab)
 	$(BIN)/pytest tests/lab/test_change_matrix_lab.py

@@ -48,11 +48,13 @@ from tests.lab.faults import (
     wait_until,
 )
 from tests.support.lab import (
+    ATTACKS,
     CACHE,
     ENGINES,
     MATRIX,
     MATRIX_HEADER,
     ROOT,
+    AttackRow,
     MatrixRow,
     PlaybookRun,
     engine_settings,
@@ -892,12 +894,17 @@ def test_a_hosts_control_key_revoked_under_load(matrix):
     keep_lab_secret("control_key_generation_engine01", str(generation + 1))
     for router, address in ROUTER_ADDRESSES.items():
         url = f"http://{address}:30000/workers"
-        for key, status in [
-            (stolen, 401),
-            (issued, 200),
-            (control_key_of("engine02"), 200),
+        for what, key, status in [
+            ("engine01's revoked key (a thief's copy)", stolen, 401),
+            ("engine01's new key", issued, 200),
+            ("engine02's key, untouched", control_key_of("engine02"), 200),
         ]:
             answer = httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=5)
+            # In the attack matrix's table too: the revocation is one of its rows.
+            ATTACKS.append(
+                AttackRow("controller", f"list {router}'s workers with {what}", str(status),
+                          str(answer.status_code))
+            )  # fmt: skip
             assert answer.status_code == status, (router, status, answer.text)
     control = in_host("engine01", "cat", "/etc/vllm-fleet/router-control.env").stdout
     assert issued in control and stolen not in control
