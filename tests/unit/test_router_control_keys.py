@@ -7,7 +7,9 @@ import re
 
 import httpx
 import pytest
+import yaml
 
+from tests.support.paths import ROOT
 from tests.unit.router_fixtures import CLIENT_KEY, ENGINE_KEY, running_engine, running_router
 from vllm_fleet.router.control_keys import (
     OPERATOR_ID,
@@ -88,14 +90,26 @@ def test_the_routers_credential_must_hold_keys(tmp_path):
     assert [i for i, _ in read_control_keys(path)] == ["operator", "engine-a"]
 
 
-def test_a_real_router_takes_each_hosts_key_refuses_revoked_ones_and_audits_by_host(tmp_path):
+def test_a_real_router_takes_each_hosts_key_refuses_revoked_ones_and_audits_by_host(
+    tmp_path, monkeypatch
+):
     generations = {"engine-a": 0, "engine-b": 1}
     accepted = [
         [k["id"], k["id"], k["key"], "admin"]
         for k in router_control_keys(FLEET_KEY, [], generations)
     ]
     log = tmp_path / "router.log"
-    extra = {"control_plane_api_keys": accepted, "control_plane_audit_enabled": True}
+    # As the router unit runs it: its own level (the lab's warn), the audit log at INFO
+    # through RUST_LOG with the catalog's filter (roles/router/templates).
+    release = yaml.safe_load((ROOT / "catalog/routers.yml").read_text())
+    monkeypatch.setenv(
+        "RUST_LOG", f"warn,{release['fleet_router_releases']['sglang']['audit_log_filter']}"
+    )
+    extra = {
+        "control_plane_api_keys": accepted,
+        "control_plane_audit_enabled": True,
+        "log_level": "warn",
+    }
     with running_engine() as engine, running_router("sglang", log, extra=extra) as router:
 
         def add_worker(key: str | None) -> int:
@@ -121,3 +135,5 @@ def test_a_real_router_takes_each_hosts_key_refuses_revoked_ones_and_audits_by_h
     assert len(added) == 1 and "principal=engine-a " in added[0]
     denied = [line for line in audit if "method=POST" in line and "outcome=denied" in line]
     assert len(denied) == len(refused)
+    # Not every request's lines: the rest of the router stays at its own level.
+    assert "started processing request" not in log.read_text()
