@@ -872,6 +872,7 @@ def test_a_key_rotation_the_routers_would_refuse_mid_run_is_refused(matrix):
 GENERATION = "fleet_router_control_key_generation"
 
 
+@pytest.mark.full
 def test_a_hosts_control_key_revoked_under_load(matrix):
     """engine01's key is taken to be stolen: its generation is raised. The routers restart one
     at a time behind the VIP with engine01's new key in place of the old one, engine01's
