@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -21,6 +22,7 @@ from tests.support.lab import (
     ROOT,
     PlaybookRun,
     TwoRuns,
+    in_host,
     lab_engine_image,
     playbook,
 )
@@ -48,8 +50,9 @@ def fresh_lab() -> Iterator[PlaybookRun]:
 
 @pytest.fixture(scope="session")
 def two_runs(fresh_lab: PlaybookRun, tmp_path_factory: pytest.TempPathFactory) -> TwoRuns:
-    """site.yml again on the converged lab, at -vvv (the secrets test reads its output), and a
-    second site.yml started while it holds the deploy lock."""
+    """site.yml again on the converged lab, at -vvv (the secrets test reads its output); a
+    second site.yml from the same checkout started while it holds the deploy lock, and a third
+    as from another controller's checkout while it holds the deploy lease."""
     log = tmp_path_factory.mktemp("second-run") / "site.log"
     started = time.monotonic()
     with log.open("w") as out:
@@ -62,13 +65,29 @@ def two_runs(fresh_lab: PlaybookRun, tmp_path_factory: pytest.TempPathFactory) -
         assert first.poll() is None and lock_taken < 300, log.read_text()[-3000:]
         time.sleep(0.2)
     second = playbook("site.yml")
+    # A second controller's checkout has a lock of its own: only the lease on the routers
+    # (taken once the first run's inventory passed) stands between the two.
+    while (lease := lease_on("router01")) is None or lease["pid"] != first.pid:
+        assert first.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.5)
+    other_lock = tmp_path_factory.mktemp("other-checkout") / "deploy.lock"
+    other = playbook("site.yml", "-e", f"preflight_deploy_lock_path={other_lock}")
     returncode = first.wait()
     return TwoRuns(
         PlaybookRun(returncode, log.read_text(), time.monotonic() - started),
         second,
         lock_taken,
         first.pid,
+        other,
+        lease,
+        {host: lease_on(host) for host in ("router01", "router02")},
     )
+
+
+def lease_on(host: str) -> dict[str, object] | None:
+    """The deploy lease a lab host holds, if any."""
+    found = in_host(host, "cat", "/var/lib/vllm-fleet/deploy.lease", check=False)
+    return json.loads(found.stdout) if found.returncode == 0 else None
 
 
 @pytest.fixture(scope="module")

@@ -806,7 +806,8 @@ def test_disk_full_during_a_fetch(chaos, revision_b):
 
 
 def test_two_site_runs_at_once_the_second_is_refused(two_runs: TwoRuns):
-    """A second operator (or a timer) starts site.yml while a run is under way."""
+    """A second operator (or a timer) starts site.yml while a run is under way: from the
+    same checkout (the controller's lock refuses it) and from another (the lease does)."""
     refused, first = two_runs.second, two_runs.first
     print(f"\nthe refused run ({refused.seconds:.1f} s, exit {refused.returncode}):")
     print("\n".join(line for line in refused.output.splitlines() if "lock" in line)[-1500:])
@@ -816,15 +817,24 @@ def test_two_site_runs_at_once_the_second_is_refused(two_runs: TwoRuns):
     assert "Traceback" not in refused.output
     # Refused before preflight's verdict: no host was touched, nothing changed.
     assert all(counts["changed"] == 0 for counts in refused.recap().values()), refused.recap()
+    other = two_runs.other_checkout
+    print(f"\nthe run from another checkout ({other.seconds:.1f} s, exit {other.returncode}):")
+    print("\n".join(line for line in other.output.splitlines() if "lease" in line)[-1500:])
+    assert other.returncode != 0
+    assert "router01 holds the deploy lease of another run" in other.output
+    assert f"ansible-playbook pid {two_runs.first_pid}" in other.output
+    assert f"preflight_deploy_lease_break={two_runs.lease['id']}" in other.output
+    assert all(counts["changed"] == 0 for counts in other.recap().values()), other.recap()
     assert first.returncode == 0, first.output[-3000:]
     assert all(counts["changed"] == 0 for counts in first.recap().values())
+    assert two_runs.lease_after == {"router01": None, "router02": None}, "released at its end"
     record(
         "two site.yml runs at once",
         LoadStats(),
         refused.seconds,
         first.seconds,
         0,
-        "the second is refused naming the first; the first ends normally (no client load)",
+        "the others (same checkout, another) are refused naming the first; it ends normally",
     )
 
 

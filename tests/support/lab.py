@@ -94,12 +94,15 @@ def engine_key() -> str:
 
 @dataclass
 class TwoRuns:
-    """site.yml run twice at once: the first holds the deploy lock, the second is refused."""
+    """site.yml run thrice at once: the first holds the lock and the lease, the others are refused."""
 
     first: PlaybookRun
     second: PlaybookRun
     lock_taken: float  # seconds after the first started
     first_pid: int
+    other_checkout: PlaybookRun  # with a lock of its own: refused by the lease
+    lease: dict[str, object]  # the first run's, on router01
+    lease_after: dict[str, dict[str, object] | None]  # per router, once the first ended
 
 
 def smoke_in(

@@ -58,3 +58,18 @@ def changed_count(stdout: str) -> int:
     """The last PLAY RECAP's changed= count; -1 when the run printed none."""
     counts = [int(n) for n in RECAP.findall(stdout)]
     return counts[-1] if counts else -1
+
+
+def preflight_plugins_env(tmp_path: Path) -> dict[str, str]:
+    """The environment for a bare play in tmp_path that uses preflight's action plugins and
+    modules (the deploy lock and lease), this checkout's vllm_fleet on the controller."""
+    (tmp_path / "ansible.cfg").write_text("[defaults]\n")
+    return dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(tmp_path / "ansible.cfg"),
+        ANSIBLE_ACTION_PLUGINS=str(ROOT / "roles/preflight/action_plugins"),
+        ANSIBLE_LIBRARY=str(ROOT / "roles/preflight/library"),
+        ANSIBLE_NOCOLOR="1",
+        # The plugins import vllm_fleet: this checkout's, not another installed one.
+        PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    )

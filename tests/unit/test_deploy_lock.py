@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.paths import ROOT
+from tests.support.playbook import preflight_plugins_env
 from vllm_fleet.deploy.lock import playbooks_of, start_ticks
 
 PLAYBOOK = str(Path(sys.executable).parent / "ansible-playbook")
@@ -62,15 +62,7 @@ class Bench:
         self.lock = tmp / "locks" / "deploy.lock"
         self.play = tmp / "play.yml"
         self.play.write_text(yaml.safe_dump(PLAY, sort_keys=False))
-        (tmp / "ansible.cfg").write_text("[defaults]\n")
-        self.env = dict(
-            os.environ,
-            ANSIBLE_CONFIG=str(tmp / "ansible.cfg"),
-            ANSIBLE_ACTION_PLUGINS=str(ROOT / "roles/preflight/action_plugins"),
-            ANSIBLE_NOCOLOR="1",
-            # The plugin imports vllm_fleet: this checkout's, not another installed one.
-            PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
-        )
+        self.env = preflight_plugins_env(tmp)
         self.procs: list[subprocess.Popen[str]] = []
         self.holders: set[int] = set()
         self.gos: list[Path] = []

@@ -21,7 +21,9 @@ def preflight(inventory: str, tmp_path: Path, *extra: str) -> subprocess.Complet
             "playbooks/preflight.yml", "-e", "preflight_gather=false",
             "-e", f"preflight_report_dir={tmp_path}",
             # Its own lock: a deploy running from this checkout must not fail the test.
-            "-e", f"preflight_deploy_lock_path={tmp_path}/deploy.lock", *extra,
+            "-e", f"preflight_deploy_lock_path={tmp_path}/deploy.lock",
+            # The example hosts exist only as fixtures: no lease host to reach.
+            "-e", '{"preflight_deploy_lease_hosts": []}', *extra,
         ],
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
