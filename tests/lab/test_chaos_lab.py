@@ -560,6 +560,134 @@ def test_a_slow_engine_sheds_load_and_is_neither_ejected_nor_restarted(chaos):
     assert slowed > before, (before, slowed)
 
 
+ENGINE_STATE = "/var/lib/vllm-fleet/engines/g0"
+JOURNAL = "/var/log/journal"
+
+
+def in_mounts(pid: str, script: str, check: bool = True) -> None:
+    """A shell script in that process's mount namespace (the container's own, or a unit's)."""
+    subprocess.run(["nsenter", "-t", pid, "-m", "sh", "-c", script], check=check)
+
+
+@contextlib.contextmanager
+def full(host: str, paths: dict[str, str], staging: Path) -> Iterator[None]:
+    """Each path (of the unit named beside it) on its own tmpfs, as a small partition would
+    be: what it holds copied over, 2 MiB spare, then filled to the last byte. Mounted from the
+    host in that unit's own mount namespace (a mount made in the container's would sit under
+    a unit's own bind mount of the path, unseen); /proc/PID/root reaches the path as that
+    process sees it. journald is rotated onto the full journal (it opens new files there).
+    Undone lazily afterwards (open files may pin the tmpfs)."""
+    owners = {path: host_pid(host, main_pid(host, unit)) for path, unit in paths.items()}
+    mounted: list[tuple[str, str]] = []
+    try:
+        for index, (path, pid) in enumerate(owners.items()):
+            seen = f"/proc/{pid}/root{path}"
+            kept = staging / str(index)
+            subprocess.run(["cp", "-a", f"{seen}/.", f"{kept}/"], check=True)
+            used_kib = int(subprocess.run(["du", "-sk", str(kept)], capture_output=True,
+                                          text=True, check=True).stdout.split()[0])  # fmt: skip
+            in_mounts(pid, f"mount -t tmpfs -o size={used_kib + 2048}k chaos {path}")
+            mounted.append((path, pid))
+            subprocess.run(["cp", "-a", f"{kept}/.", f"{seen}/"], check=True)
+            subprocess.run(
+                ["sh", "-c", f"cat /dev/zero > {seen}/.chaos-filler 2>/dev/null"], check=False
+            )
+        in_host(host, "journalctl", "--rotate", check=False)
+        yield
+    finally:
+        for path, pid in mounted:
+            unmount(pid, path)
+        in_host(host, "journalctl", "--rotate", check=False)
+
+
+def unmount(pid: str, path: str) -> None:
+    """Detach the top mount at path in that process's mount namespace (umount2 MNT_DETACH,
+    by the container's python3: util-linux's umount, run through nsenter, fails to find it)."""
+    detach = (
+        "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True);"
+        "sys.exit(libc.umount2(sys.argv[1].encode(), 2) and ctypes.get_errno())"
+    )
+    subprocess.run(["nsenter", "-t", pid, "-m", "python3", "-c", detach, path], check=True)
+
+
+def main_pid(host: str, unit: str) -> str:
+    return in_host(host, "systemctl", "show", unit, "--property=MainPID", "--value").stdout.strip()
+
+
+def host_pid(name: str, pid: str) -> str:
+    """The host's pid of process ``pid`` of the container (nsenter needs the host's)."""
+    namespace = Path(f"/proc/{container_pid(name)}/ns/pid").readlink()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            if (status.parent / "ns/pid").readlink() != namespace:
+                continue
+            for line in status.read_text().splitlines():
+                if line.startswith("NSpid:") and line.split()[-1] == pid:
+                    return status.parent.name
+    pytest.fail(f"no process {pid} in {name}")
+
+
+def free_bytes(pid: str, path: str) -> int:
+    """Free bytes at path as the host's process pid sees it (its own mount namespace)."""
+    out = subprocess.run(
+        ["nsenter", "-t", pid, "-m", "df", "--output=avail", "-B1", path],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(out.stdout.split()[-1])
+
+
+# make test: the disk-full fetch covers ENOSPC on the weights' disk; this one is serving's.
+@pytest.mark.full
+def test_the_journal_and_the_engines_state_directory_full_while_serving(chaos, tmp_path):
+    """engine01's journal and its engine's state directory (TMPDIR, caches) on full
+    filesystems for longer than the watchdog's detection bound: the engine keeps serving its
+    share, nothing restarts it, no request fails, no stream is cut; once there is space again
+    the journal takes new entries."""
+    host = "engine01"
+    engine_pid = unit_show(host, "MainPID")["MainPID"]
+    nrestarts, watchdog_restarts = int(unit_show(host, "NRestarts")["NRestarts"]), restarts(host)
+    states: list[str] = []
+    with clients() as load:
+        time.sleep(5)
+        started = time.monotonic()
+        with full(host, {JOURNAL: "systemd-journald.service", ENGINE_STATE: UNIT}, tmp_path):
+            # The fault is what the engine and journald see, in their own namespaces.
+            assert free_bytes(host_pid(host, engine_pid), ENGINE_STATE) == 0
+            assert free_bytes(host_pid(host, main_pid(host, "systemd-journald")), JOURNAL) == 0
+            served_before = requests_served(host)
+            deadline = time.monotonic() + DETECTION_BOUND + 10
+            while time.monotonic() < deadline:
+                states.append(watchdog_state(host))
+                time.sleep(2)
+            served_while_full = requests_served(host) - served_before
+        # It never stopped serving: this is only the wait for both engines in rotation.
+        recovered = wait_until(both_in_rotation, START_BOUND, "both engines in rotation")
+        time.sleep(3)
+    marker = f"vllm-fleet chaos: space again {time.time():.0f}"
+    in_host(host, "logger", "-t", "vllm-fleet-chaos", marker)
+    wait_until(
+        lambda: marker in in_host(host, "journalctl", "-t", "vllm-fleet-chaos", "-q").stdout,
+        30,
+        "the journal takes new entries",
+    )
+    row = record(
+        "journal and state dir full",
+        load.stats,
+        None,
+        recovered,
+        files_lost(host),
+        f"{DETECTION_BOUND + 10} s full; engine01 served {served_while_full:.0f} meanwhile; "
+        f"watchdog {sorted(set(states))}",
+    )
+    assert_bound(row, started)
+    assert load.stats.streams_cut == 0, load.stats.line()
+    assert served_while_full > 0, "engine01 kept serving its share"
+    assert unit_show(host, "MainPID")["MainPID"] == engine_pid, "the engine was not restarted"
+    assert int(unit_show(host, "NRestarts")["NRestarts"]) == nrestarts
+    assert restarts(host) == watchdog_restarts
+    assert set(states) == {"healthy"}, "every probe of the watchdog passed while full"
+
+
 def test_watchdog_killed(chaos):
     host = "engine01"
     engine_pid = unit_show(host, "MainPID")["MainPID"]
