@@ -1061,6 +1061,8 @@ def test_the_router_implementation_changes_and_back(matrix):
             fleet_of(inv)["fleet_router"]["multi_model"] = (
                 multi_model if impl == "sglang" else False
             )
+            # vllm-router's worker endpoints take no key: the lab network holds only the fleet.
+            fleet_of(inv)["fleet_router"]["accept_unauthenticated_control"] = impl == "vllm"
 
         cut_over(
             matrix, f"router implementation -> {impl} (clients hold both keys)", to, other_key, key

@@ -16,6 +16,8 @@ from tests.support.paths import ROOT
 from tests.support.playbook import run_play
 
 RELEASES = yaml.safe_load((ROOT / "catalog/routers.yml").read_text())["fleet_router_releases"]
+# What an inventory running vllm-router must say (its worker endpoints take no key).
+ACCEPTED = {"accept_unauthenticated_control": True}
 MODELS = {
     "smollm2-135m": {"served_name": "smollm2"},
     "smollm2-360m": {"served_name": "smollm2-big"},
@@ -99,7 +101,7 @@ def test_retries_that_cannot_reach_another_engine_are_refused(tmp_path, retries,
 
 @pytest.mark.parametrize("address", ["0.0.0.0", "8.8.8.8"])
 def test_vllm_router_beyond_private_networks_is_refused(tmp_path, address):
-    run = validate(tmp_path, {"impl": "vllm", "bind_address": address})
+    run = validate(tmp_path, {"impl": "vllm", "bind_address": address, **ACCEPTED})
     assert run.returncode != 0
     assert f"fleet_router.bind_address={address} is not a loopback or private address" in (
         run.stdout
@@ -108,7 +110,21 @@ def test_vllm_router_beyond_private_networks_is_refused(tmp_path, address):
 
 def test_vllm_router_exposure_can_be_accepted_explicitly(tmp_path):
     settings = {"impl": "vllm", "bind_address": "0.0.0.0", "accept_unauthenticated_exposure": True}
-    assert validate(tmp_path, settings).returncode == 0
+    assert validate(tmp_path, {**settings, **ACCEPTED}).returncode == 0
+
+
+def test_vllm_router_whose_worker_endpoints_take_no_key_is_refused_unless_accepted(tmp_path):
+    run = validate(tmp_path, {"impl": "vllm", "bind_address": "10.0.0.1"})
+    assert run.returncode != 0
+    assert (
+        "host router01: fleet_router.impl=vllm takes no key on its worker endpoints "
+        "(authenticates_control: false in catalog/routers.yml): any host that reaches its port "
+        "can add a worker and receive every client's prompts"
+    ) in " ".join(run.stdout.split())
+    assert "fleet_router.accept_unauthenticated_control: true" in " ".join(run.stdout.split())
+    assert (
+        validate(tmp_path, {"impl": "vllm", "bind_address": "10.0.0.1", **ACCEPTED}).returncode == 0
+    )
 
 
 def group(model: str) -> list[dict[str, object]]:
@@ -145,7 +161,7 @@ def test_multi_model_false_with_two_served_names_is_refused(tmp_path):
 
 def test_two_served_names_behind_vllm_router_are_refused(tmp_path):
     engines = {"engine01": group("smollm2-135m"), "engine02": group("smollm2-360m")}
-    run = validate(tmp_path, {"impl": "vllm", "bind_address": "10.0.0.1"}, engines)
+    run = validate(tmp_path, {"impl": "vllm", "bind_address": "10.0.0.1", **ACCEPTED}, engines)
     assert run.returncode != 0
     assert (
         "host router01: fleet_router.impl=vllm cannot route by model (multi_model: false in "

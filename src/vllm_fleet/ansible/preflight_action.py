@@ -25,6 +25,7 @@ from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read
 from vllm_fleet.preflight.firewall_peers import check_firewall_peers
 from vllm_fleet.preflight.key_rotation import check_fleet_keys
 from vllm_fleet.preflight.report import render_markdown
+from vllm_fleet.preflight.router_trust import check_open_control_planes
 
 # What preflight's own tasks register or read as facts. Every inventory variable, the fleet's
 # (roles/fleet_defaults) and each role's, is learnt from the roles' argument specs.
@@ -166,12 +167,14 @@ class PreflightAction(ActionBase):
             for name in task_vars["groups"].get("engines", [])
             if "fleet_engine_groups" in all_hostvars[name]
         }
-        single_name = single_name_routers(
-            task_vars["groups"].get("routers", []),
-            all_hostvars,
-            self._render(task_vars.get("fleet_router_releases", {})),
-        )
+        routers = task_vars["groups"].get("routers", [])
+        releases = self._render(task_vars.get("fleet_router_releases", {}))
+        releases = releases if isinstance(releases, dict) else {}
+        single_name = single_name_routers(routers, all_hostvars, releases)
         check_fleet_change(hosts, engine_hosts, outcome, single_name)
+        outcome.errors.extend(
+            check_open_control_planes(router_settings(routers, all_hostvars), releases)
+        )
         outcome.errors.extend(check_fleet_keys(hosts, router_default_vrid(self.roles_dir)))
         peers = task_vars["groups"].get("routers", []) + task_vars["groups"].get("monitoring", [])
         outcome.errors.extend(
@@ -196,6 +199,18 @@ class PreflightAction(ActionBase):
         base.with_suffix(".json").write_text(report_json(outcome))
         base.with_suffix(".md").write_text(render_markdown(outcome))
         return base.with_suffix(".md")
+
+
+def router_settings(
+    routers: list[str], all_hostvars: Mapping[str, Mapping[str, object]]
+) -> dict[str, object]:
+    """Router host -> its fleet_router settings as the inventory gives them."""
+    return {
+        name: raw(all_hostvars[name], "fleet_router")
+        if "fleet_router" in all_hostvars[name]
+        else {}
+        for name in routers
+    }
 
 
 def single_name_routers(
