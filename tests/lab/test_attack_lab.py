@@ -104,6 +104,21 @@ def test_a_rogue_host_gets_no_answer_from_an_engine(fresh_lab, rogue):
         assert answered == "dropped", (path, answered)
 
 
+def test_a_rogue_host_and_a_router_get_no_metrics_from_an_engine_host(fresh_lab, rogue):
+    """The watchdog's and node exporter's metrics carry no authentication: only the
+    monitoring hosts and the host itself reach them (the monitoring tests prove Prometheus
+    still scrapes both)."""
+    for port, what in ((9410, "the watchdog's"), (9100, "node exporter's")):
+        url = f"http://{ENGINE_ADDRESSES[HOST]}:{port}/metrics"
+        for who, client, why in (
+            ("rogue host", rogue, ""),
+            ("router02", "router02", " (no Prometheus there)"),
+        ):
+            answered = in_host(client, "sh", "-c", probe_command(url)).stdout.strip()
+            record(who, f"read {what} metrics on engine01{why}", "dropped", answered)
+            assert answered == "dropped", (who, port, answered)
+
+
 def test_the_engine_user_cannot_read_or_use_a_control_key(fresh_lab):
     """vLLM runs as vllm: none of the files or processes holding the host's control key is
     readable to it, and no key it can read registers a worker."""

@@ -202,12 +202,14 @@ def reach(host: str, url: str) -> str:
 def test_engines_answer_the_routers_and_drop_any_other_host(fresh_lab, rogue):
     """vLLM's key guards /v1 only: /invocations (inference), /pause, /tokenize and /metrics
     answer whoever connects. The engine firewall lets in the routers, Prometheus and the host
-    itself; a host on the same network that is none of those gets no answer at all."""
+    itself; a host on the same network that is none of those gets no answer at all. The
+    metrics ports (watchdog, node exporter) answer Prometheus's host."""
     for host, address in ENGINE_ADDRESSES.items():
         for path in ("/health", "/invocations", "/pause", "/v1/models"):
             assert reach(rogue, f"http://{address}:8100{path}") == "dropped", (host, path)
         for router in ROUTER_HOSTS:
             assert reach(router, f"http://{address}:8100/health") == "open", (router, host)
         assert reach(host, f"http://{address}:8100/health") == "open"
-        # Only the engine ports: node exporter is another role's listener, left alone.
-        assert reach(rogue, f"http://{address}:9100/metrics") == "open"
+        # The metrics ports answer the monitoring host (the attack matrix tries the others).
+        for port in (9410, 9100):
+            assert reach("router01", f"http://{address}:{port}/metrics") == "open", (host, port)

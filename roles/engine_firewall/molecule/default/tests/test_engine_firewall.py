@@ -1,5 +1,6 @@
-"""The engine port answers the router and the host itself, and drops the rogue host; a port
-that is no engine's stays open to all; the rules are one table, loaded at boot by its unit."""
+"""The engine port answers the router and the host itself, and drops the rogue host; the
+metrics ports answer only the monitoring host and the host itself; a port that is no
+engine's stays open to all; the rules are one table, loaded at boot by its unit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from tests.molecule_hosts import podman_host
 from tests.support.reach import probe_command
 
 ENGINE, ROUTER, ROGUE = "vf-firewall", "vf-firewall-router", "vf-firewall-rogue"
+MONITOR = "vf-firewall-monitor"
+ENGINE_DROP, METRICS_DROP = "not a router, monitoring host", "not a monitoring host"
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +37,23 @@ def test_the_router_and_the_host_itself_reach_the_engine_port(engine, address):
 
 
 def test_a_rogue_host_is_dropped_at_the_engine_port_and_counted(engine, address):
-    before = dropped(engine)
+    before = dropped(engine, ENGINE_DROP)
     assert reach(ROGUE, f"http://{address}:8100/") == "dropped"
-    assert dropped(engine) > before
+    assert dropped(engine, ENGINE_DROP) > before
+
+
+@pytest.mark.parametrize("port", [9410, 9100])
+def test_the_metrics_ports_answer_only_the_monitoring_host_and_the_host_itself(
+    engine, address, port
+):
+    """The watchdog's and node exporter's metrics carry no authentication: the router needs
+    none of them, and a rogue host gets nothing."""
+    before = dropped(engine, METRICS_DROP)
+    assert reach(MONITOR, f"http://{address}:{port}/") == "open"
+    assert reach(ENGINE, f"http://{address}:{port}/") == "open"
+    assert reach(ROUTER, f"http://{address}:{port}/") == "dropped"
+    assert reach(ROGUE, f"http://{address}:{port}/") == "dropped"
+    assert dropped(engine, METRICS_DROP) >= before + 2
 
 
 def test_a_port_that_is_no_engines_is_left_alone(address):
@@ -47,6 +64,9 @@ def test_the_rules_are_one_table_with_the_routers_address(engine):
     table = rules(engine)
     sets = {s["name"]: s.get("elem", []) for s in table if "set" in s for s in [s["set"]]}
     assert sets["engine_ports"] == [8100]
+    assert sorted(sets["metrics_ports"]) == [9100, 9410]
+    monitor = podman_host(MONITOR).check_output("hostname -I").split()[0]
+    assert sets["monitoring_ipv4"] == [monitor]
     router = podman_host(ROUTER).check_output("hostname -I").split()[0]
     rogue = podman_host(ROGUE).check_output("hostname -I").split()[0]
     assert router in sets["allowed_ipv4"] and rogue not in sets["allowed_ipv4"]
@@ -65,9 +85,13 @@ def rules(engine) -> list[dict]:
     return [item for item in json.loads(out)["nftables"] if "metainfo" not in item]
 
 
-def dropped(engine) -> int:
+def dropped(engine, comment: str) -> int:
+    """Packets counted by the drop rule whose comment starts with ``comment``."""
     for item in rules(engine):
-        for expr in item.get("rule", {}).get("expr", []):
+        rule = item.get("rule", {})
+        if not rule.get("comment", "").startswith(f"vllm-fleet: {comment}"):
+            continue
+        for expr in rule.get("expr", []):
             if "counter" in expr:
                 return int(expr["counter"]["packets"])
-    raise AssertionError("no drop counter in the table")
+    raise AssertionError(f"no drop counter for {comment!r} in the table")
