@@ -206,6 +206,83 @@ def test_a_check_run_refuses_alike_and_writes_nothing(bench: Bench):
     assert bench.lease.read_text() == before
 
 
+def renewal_play(foreign: str | None) -> list[dict[str, object]]:
+    """Take the lease, keep a copy, (another controller takes it,) renew it as each batch of
+    a serial play does: the role's own renew_lease tasks."""
+    write_foreign = {
+        "name": "Another controller takes the lease (this run's expired)",
+        "ansible.builtin.copy": {"content": foreign, "dest": "{{ lease }}", "mode": "0644"},
+    }
+    return [
+        {
+            "name": "Renewal",
+            "hosts": "localhost",
+            "gather_facts": False,
+            "tasks": [
+                {**lease_task("present"), "vars": {"ttl": 600}},
+                {
+                    "name": "Keep the lease as preflight took it",
+                    "ansible.builtin.copy": {
+                        "src": "{{ lease }}", "dest": "{{ lease }}.taken", "remote_src": True,
+                        "mode": "0644",
+                    },
+                },
+                *([write_foreign] if foreign else []),
+                {
+                    "name": "A batch starts",
+                    "ansible.builtin.include_role": {"name": "preflight",
+                                                     "tasks_from": "renew_lease"},
+                    "vars": {
+                        "preflight_deploy_lease_hosts": ["localhost"],
+                        "preflight_deploy_lease_path": "{{ lease }}",
+                        "preflight_deploy_lease_seconds": 900,
+                        "preflight_checkout": "{{ checkout }}",
+                    },
+                },
+                {"name": "The batch runs", "ansible.builtin.debug": {"msg": "batch ran"}},
+            ],
+        }
+    ]  # fmt: skip
+
+
+def run_renewal(bench: Bench, foreign: str | None) -> tuple[int, str]:
+    bench.play.write_text(yaml.safe_dump(renewal_play(foreign), sort_keys=False))
+    env = dict(bench.env, ANSIBLE_ROLES_PATH=str(Path(__file__).parents[2] / "roles"))
+    argv = [
+        PLAYBOOK, "-i", "localhost,", "-c", "local", str(bench.play),
+        "-e", f"ansible_python_interpreter={sys.executable}", "-e", "ansible_become=false",
+        "-e", f"lease={bench.lease}", "-e", "checkout=/srv/checkout-1",
+    ]  # fmt: skip
+    proc = subprocess.run(
+        argv, cwd=bench.tmp, env=env, text=True, capture_output=True, timeout=DEADLINE, check=False
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_each_batch_renews_the_lease_and_a_run_that_lost_it_stops(bench: Bench):
+    code, out = run_renewal(bench, None)
+    assert code == 0, out
+    taken = json.loads(Path(f"{bench.lease}.taken").read_text())
+    renewed = bench.record()
+    assert renewed is not None and renewed["id"] == taken["id"]
+    # Renewed from now for preflight_deploy_lease_seconds: a run longer than one lease keeps it.
+    assert renewed["expires_at"] > taken["expires_at"] + 250  # type: ignore[operator]
+    assert "batch ran" in out
+
+    foreign = json.dumps({
+        "id": "ctl-b.example:4242:99", "controller": "ctl-b.example", "user": "ops",
+        "pid": 4242, "start_ticks": 99, "playbooks": ["site.yml"],
+        "checkout": "/home/ops/fleet", "taken_at": time.time(),
+        "expires_at": time.time() + 3600,
+    })  # fmt: skip
+    code, out = run_renewal(bench, foreign)
+    assert code != 0
+    assert "holds the deploy lease of another run" in out
+    assert "by ops@ctl-b.example from /home/ops/fleet" in out
+    assert "batch ran" not in out, "the batch stopped before it changed anything"
+    assert bench.record()["id"] == "ctl-b.example:4242:99"  # type: ignore[index]
+
+
 def mine(pid: int = 1) -> Lease:
     return Lease(f"ctl-a:{pid}:5", "ctl-a", "ops", pid, 5, ["site.yml"], "/srv/a")
 

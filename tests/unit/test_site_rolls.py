@@ -35,3 +35,20 @@ def test_nothing_before_the_rolling_play_restarts_an_engine():
     before = plays[: next(i for i, p in enumerate(plays) if role_names(p) & RESTARTING)]
     for play in before:
         assert not role_names(play) & {"vllm_engine", "engine_watchdog"}, play.get("name")
+
+
+def test_every_batch_of_a_serial_play_renews_the_deploy_lease_first():
+    """A run one host at a time can outlast the lease; each batch renews it (and stops if
+    another run took it) before its roles change anything."""
+    for playbook in ("playbooks/site.yml", "playbooks/upgrade.yml"):
+        plays = yaml.safe_load((ROOT / playbook).read_text())
+        serial = [p for p in plays if "serial" in p]
+        assert serial, playbook
+        for play in serial:
+            renewals = [
+                task
+                for task in play.get("pre_tasks", [])
+                if task.get("ansible.builtin.include_role", {}).get("tasks_from") == "renew_lease"
+            ]
+            assert len(renewals) == 1, (playbook, play["name"])
+            assert renewals[0]["tags"] == ["always"], (playbook, play["name"])
