@@ -1,7 +1,10 @@
 """Fleet hosts reach each other by address: fleet_address, else ansible_host, else the name."""
 
+import pytest
+
 from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, url_host
 from vllm_fleet.ansible.engine_watchdog import FILTERS as WATCHDOG
+from vllm_fleet.ansible.fleet_defaults import FILTERS as FLEET
 from vllm_fleet.ansible.vllm_engine import FILTERS as ENGINE
 from vllm_fleet.ansible.vllm_engine import router_targets
 
@@ -33,3 +36,47 @@ def test_engines_and_watchdogs_reach_the_routers_at_the_same_addresses():
     assert ENGINE["vllm_engine_addresses"](routers, HOSTVARS) == WATCHDOG[
         "engine_watchdog_addresses"
     ](routers, HOSTVARS)
+
+
+FACTS = {
+    "all_ipv4_addresses": ["10.89.0.21", "192.0.2.7"],
+    "all_ipv6_addresses": ["fd00::21"],
+    "default_ipv4": {"address": "192.0.2.7", "interface": "eth1"},
+}
+
+
+def bind(address: str | None, facts: dict) -> str:
+    hostvars = {"engine01": {"fleet_address": address} if address else {}}
+    return FLEET["fleet_defaults_bind_address"]("engine01", hostvars, facts)
+
+
+def test_listeners_bind_where_the_fleet_reaches_the_host_when_it_has_that_address():
+    assert bind("10.89.0.21", FACTS) == "10.89.0.21"
+    assert bind("fd00::21", FACTS) == "fd00::21"
+    # A name, an address the host does not have (NAT), or none: its primary address.
+    assert bind("engine01.example", FACTS) == "192.0.2.7"
+    assert bind("203.0.113.9", FACTS) == "192.0.2.7"
+    assert bind(None, FACTS) == "192.0.2.7"
+
+
+def test_a_host_whose_default_route_is_gone_still_binds_its_fleet_address():
+    # An interface taken down and up loses its default route (the fault matrix's flapping
+    # link): the listeners must not move to loopback, where no other host reaches them.
+    assert bind("10.89.0.21", {**FACTS, "default_ipv4": {}}) == "10.89.0.21"
+
+
+def test_a_host_with_neither_is_refused_naming_the_fix_never_bound_to_loopback():
+    bare = {"all_ipv4_addresses": ["127.0.0.1"], "default_ipv4": {}}
+    with pytest.raises(ValueError) as err:
+        bind("engine01.example", bare)
+    message = str(err.value)
+    assert "host engine01" in message
+    assert "'engine01.example'" in message
+    assert "no default IPv4 route" in message
+    assert "Set fleet_address" in message
+
+
+def test_a_play_without_facts_reads_the_fleet_address():
+    # Plays that gather no facts (the routers' drain healing) bind nothing; they must not fail.
+    assert bind("10.89.0.21", {}) == "10.89.0.21"
+    assert bind("engine01.example", {}) == "127.0.0.1"

@@ -33,3 +33,35 @@ def url_host(address: str) -> str:
         return f"[{address}]" if ipaddress.ip_address(address).version == 6 else address
     except ValueError:
         return address
+
+
+def bind_address(host: str, hostvars: Mapping[str, Any], facts: Mapping[str, Any]) -> str:
+    """The address ``host``'s fleet listeners (engines, metrics, the router without a VIP,
+    Prometheus, the model cache) bind: the one the fleet reaches it at (``fleet_address``)
+    when that is an address the host has, else its default IPv4 address.
+
+    Never loopback by default: a listener bound there would pass the host's own checks and be
+    unreachable by every other host. A host without either (its default route gone, as after
+    an interface was taken down and up) is refused, naming the fix.
+    """
+    advertised = fleet_address(host, hostvars)
+    try:
+        literal = str(ipaddress.ip_address(advertised))
+    except ValueError:
+        literal = ""
+    if "all_ipv4_addresses" not in facts:
+        # A play that gathers no facts (the routers' drain healing, validation alone) binds
+        # nothing itself: the fleet address when it is one, else loopback.
+        return literal or "127.0.0.1"
+    own = {*facts.get("all_ipv4_addresses", []), *facts.get("all_ipv6_addresses", [])}
+    if literal and literal in own:
+        return literal
+    default = (facts.get("default_ipv4") or {}).get("address")
+    if isinstance(default, str) and default:
+        return default
+    raise ValueError(
+        f"host {host}: no address to bind its listeners to: the address the fleet reaches it at "
+        f"({advertised!r}, from fleet_address / ansible_host) is not one of its addresses "
+        f"({', '.join(sorted(own)) or 'none'}) and it has no default IPv4 route. Set "
+        "fleet_address to the host's private address."
+    )
