@@ -16,7 +16,9 @@ from tests.support.lab import (
     ATTACKS,
     CHAOS_HEADER,
     CHAOS_LEGEND,
+    CHAOS_MARKDOWN_HEADER,
     CHAOS_MATRIX,
+    FAULTS_REPORT,
     MATRIX,
     MATRIX_HEADER,
     ROOT,
@@ -127,6 +129,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(CHAOS_HEADER)
     for row in CHAOS_MATRIX:
         terminalreporter.write_line(row.line())
+    # The same rows as docs/faults.md's table, each with the bound it asserted.
+    FAULTS_REPORT.parent.mkdir(parents=True, exist_ok=True)
+    rows = "\n".join(row.markdown() for row in CHAOS_MATRIX)
+    FAULTS_REPORT.write_text(f"{CHAOS_MARKDOWN_HEADER}\n{rows}\n")
+    terminalreporter.write_line(f"(as Markdown, with each row's asserted bound: {FAULTS_REPORT})")
 
 
 # Run after every other lab test, in this order: the fault matrix restarts hosts and services;

@@ -508,6 +508,8 @@ def vip_moves() -> int:
 SDK_RETRIES = 2
 
 
+# make test rolls the routers behind the VIP in the cut-off row's rerun (below).
+@pytest.mark.full
 def test_a_router_setting_rolls_one_router_at_a_time_behind_the_vip(matrix):
     """The routing policy changes (cache_aware -> round_robin): site.yml restarts the routers
     one at a time, each first handing the VIP to the other, answering what it has in flight
@@ -556,14 +558,17 @@ def eligible_for_vip(host: str) -> bool:
 
 
 def test_a_router_restart_cut_off_mid_drain_is_finished_by_the_next_run(matrix):
-    """The policy goes back to cache_aware, and the controller is SIGKILLed as soon as the
-    first router is drained for its restart: that router is left drained (and, if it held
-    the VIP, with its copy on the loopback) and its restart pending, while the other router
-    serves. The next site.yml run first ends the drain on every router, then finishes the
-    pending restart and rolls the second router; both end running the new setting, eligible
-    for the VIP again, nothing left behind."""
+    """The policy changes (back to cache_aware after the row above, to round_robin where
+    that row did not run), and the controller is SIGKILLed as soon as the first router is
+    drained for its restart: that router is left drained (and, if it held the VIP, with its
+    copy on the loopback) and its restart pending, while the other router serves. The next
+    site.yml run first ends the drain on every router, then finishes the pending restart and
+    rolls the second router; both end running the new setting, eligible for the VIP again,
+    nothing left behind."""
     first = ROUTERS[0]  # the router play runs the routers in inventory order, one at a time
     killed: list[bool] = []
+    was = fleet_of(matrix.inventory)["fleet_router"].get("policy", "cache_aware")
+    policy = "round_robin" if was == "cache_aware" else "cache_aware"
 
     def kill_when_drained(proc: subprocess.Popen[str]) -> None:
         wait_until(lambda: exists(first, DRAIN) or proc.poll() is not None, 600, "a drain")
@@ -572,7 +577,7 @@ def test_a_router_restart_cut_off_mid_drain_is_finished_by_the_next_run(matrix):
             killed.append(True)
 
     def edit(inv: Inventory) -> None:
-        fleet_of(inv)["fleet_router"]["policy"] = "cache_aware"
+        fleet_of(inv)["fleet_router"]["policy"] = policy
 
     row, run = matrix.apply(
         "router restart cut off mid-drain",
@@ -590,7 +595,7 @@ def test_a_router_restart_cut_off_mid_drain_is_finished_by_the_next_run(matrix):
     target = json.loads(json.dumps(matrix.inventory))
     edit(target)
     matrix.inventory = target
-    change_router_policy(matrix, "cache_aware", label="  then site.yml -t router rerun")
+    change_router_policy(matrix, policy, label="  then site.yml -t router rerun")
     for host in ROUTERS:
         assert not exists(host, DRAIN) and not exists(host, PENDING), host
         assert not vip_on_loopback(host), host

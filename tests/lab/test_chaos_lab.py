@@ -22,10 +22,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.lab.faults import (
@@ -49,11 +51,13 @@ from tests.lab.faults import (
 from tests.support.lab import (
     CACHE,
     CHAOS_MATRIX,
+    ROOT,
     ChaosRow,
     TwoRuns,
     engine_key,
     in_host,
     pinned_revision,
+    playbook,
 )
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.variants import LAB_MODEL, publish_revision, remove_revision
@@ -113,17 +117,25 @@ def record(
     return row
 
 
-def assert_bound(row: ChaosRow, fault_at: float, exposed_until: float | None = None) -> None:
+def assert_bound(
+    row: ChaosRow, fault_at: float, exposed_until: float | None = None, also: str = ""
+) -> None:
     """The bound of every fault that leaves a router serving: the load overlapped the fault
     (requests served before and after it), no non-streaming request failed (the router
     retries them elsewhere), no stream was refused, at most the streams that ran on the
     faulty engine while it was still in rotation (in flight from the fault until
     ``exposed_until``, by default the fault's instant) were cut (one already sending cannot
-    be retried), and no file was lost."""
+    be retried), and no file was lost. ``also``: what the case asserts besides (the report's
+    "asserted" column)."""
     stats = row.stats
     until = fault_at if exposed_until is None else exposed_until
     exposed = sum(
         r.started <= until and r.ended > fault_at for r in stats.requests if r.kind == "stream"
+    )
+    row.asserted = (
+        f"requests served before and after the fault; 0 failed; 0 streams refused; "
+        f"cut <= {exposed} (streams on the faulty engine while in rotation); 0 files lost"
+        + (f"; {also}" if also else "")
     )
     assert stats.served_before_and_after(fault_at), "the load did not overlap the fault"
     assert stats.plain_failed == 0, stats.failures[:5]
@@ -242,7 +254,7 @@ def test_name_resolution_gone_an_engine_restarts_and_rejoins_by_address(chaos):
         files_lost(host),
         "rejoined by address",
     )
-    assert_bound(row, started)
+    assert_bound(row, started, also="no name resolved on any host before the kill or after")
 
 
 def engine_core_pid(host: str, api_server_pid: str) -> str:
@@ -300,19 +312,31 @@ def test_engine_core_stall_behind_a_healthy_api_server(chaos):
         "detected = the watchdog's restart",
     )
     assert restarts(host) == restarts_before + 1
-    assert_bound(row, started, exposed_until=started + detected)
+    assert_bound(
+        row,
+        started,
+        exposed_until=started + detected,
+        also=f"/health 200 and in rotation while stalled; restarted by the watchdog within "
+        f"{DETECTION_BOUND:.0f} s",
+    )
 
 
 def served_after(load: ClientLoad, at: float) -> bool:
     return any(r.ok and r.started > at for r in load.stats.requests)
 
 
-def assert_router_failover_bound(stats: LoadStats, fault_at: float, serving_at: float) -> None:
+def assert_router_failover_bound(row: ChaosRow, fault_at: float, serving_at: float) -> None:
     """Two routers behind the VIP: a router's death costs at most the requests in flight on
     it at that instant (the clients retry as the OpenAI SDK does: only a stream already
     started cannot be retried); every request started once the VIP answered again succeeded;
-    and the load overlapped the fault (requests served before and after it)."""
+    the load overlapped the fault (requests served before and after it); no file lost."""
+    stats = row.stats
     streams_in_flight = stats.in_flight(fault_at, "stream")
+    row.asserted = (
+        f"{stats.in_flight(fault_at)} requests in flight at the fault (> 0); 0 failed after "
+        f"SDK retries; 0 streams refused; cut <= {streams_in_flight} (streams in flight); "
+        "none started after the VIP answered failed; served before and after; 0 files lost"
+    )
     assert stats.in_flight(fault_at) > 0, "no request was in flight when the router died"
     assert stats.plain_failed == 0, stats.failures[:5]
     assert stats.streams_refused == 0, stats.line()
@@ -320,6 +344,7 @@ def assert_router_failover_bound(stats: LoadStats, fault_at: float, serving_at: 
     late = stats.failed_started_after(serving_at)
     assert late == [], f"{len(late)} requests started after the VIP answered again failed"
     assert stats.served_before_and_after(fault_at)
+    assert row.lost == 0
 
 
 def test_router_killed(chaos):
@@ -352,8 +377,7 @@ def test_router_killed(chaos):
         files_lost("engine01", "engine02"),
         f"VIP {holder} -> {vip_holder()}; in flight at the kill: {load.stats.in_flight(fault_at)}",
     )
-    assert_router_failover_bound(row.stats, fault_at, serving_at)
-    assert row.lost == 0
+    assert_router_failover_bound(row, fault_at, serving_at)
 
 
 # A router host's boot path (systemd, keepalived, the watchdogs' re-registration) while the
@@ -385,8 +409,7 @@ def test_router_host_restarted(chaos):
         f"VIP {holder} -> {vip_holder()}; in flight at the restart: "
         f"{load.stats.in_flight(fault_at)} (retried after the clients' 90 s timeout)",
     )
-    assert_router_failover_bound(row.stats, fault_at, serving_at)
-    assert row.lost == 0
+    assert_router_failover_bound(row, fault_at, serving_at)
 
 
 # The router hung, not dead (make test-all): its port still accepts connections, so only
@@ -430,8 +453,7 @@ def test_router_hung(chaos):
         files_lost("engine01", "engine02"),
         f"VIP {holder} -> {new_holder}; in flight at the stop: {load.stats.in_flight(fault_at)}",
     )
-    assert_router_failover_bound(row.stats, fault_at, serving_at)
-    assert row.lost == 0
+    assert_router_failover_bound(row, fault_at, serving_at)
 
 
 def router_answers(host: str) -> bool:
@@ -459,7 +481,7 @@ def test_engine_host_restarted(chaos):
     for unit in (UNIT, WATCHDOG_UNIT):
         assert unit_active_and_enabled(host, unit), unit
     row = record("engine host restart", load.stats, ejected, recovered, files_lost(host))
-    assert_bound(row, started)
+    assert_bound(row, started, also="the same address after the boot; engine, watchdog enabled")
 
 
 def container_cgroup_file(name: str, v1_controller: str, name_v1: str, name_v2: str) -> Path:
@@ -553,7 +575,11 @@ def test_a_slow_engine_sheds_load_and_is_neither_ejected_nor_restarted(chaos):
         f"{depth} clients; engine02's share {before:.0%} -> {slowed:.0%}; "
         f"in rotation {sum(rotation)}/{len(rotation)} samples",
     )
-    assert_bound(row, started)
+    assert_bound(
+        row,
+        started,
+        also="in rotation at every sample; no restart (systemd, watchdog); engine02's share grew",
+    )
     assert all(rotation), "the router ejected the slow engine"
     assert int(unit_show(host, "NRestarts")["NRestarts"]) == nrestarts
     assert restarts(host) == watchdog_restarts
@@ -679,7 +705,12 @@ def test_the_journal_and_the_engines_state_directory_full_while_serving(chaos, t
         f"{DETECTION_BOUND + 10} s full; engine01 served {served_while_full:.0f} meanwhile; "
         f"watchdog {sorted(set(states))}",
     )
-    assert_bound(row, started)
+    assert_bound(
+        row,
+        started,
+        also="0 streams cut; engine01 served meanwhile, not restarted; every "
+        "watchdog probe healthy; the journal takes entries again",
+    )
     assert load.stats.streams_cut == 0, load.stats.line()
     assert served_while_full > 0, "engine01 kept serving its share"
     assert unit_show(host, "MainPID")["MainPID"] == engine_pid, "the engine was not restarted"
@@ -710,7 +741,7 @@ def test_watchdog_killed(chaos):
     # The engine it supervises was left alone.
     assert unit_show(host, "MainPID")["MainPID"] == engine_pid
     row = record("watchdog SIGKILL", load.stats, detected, recovered, files_lost(host))
-    assert_bound(row, started)
+    assert_bound(row, started, also="restarted by systemd; the engine kept its PID")
 
 
 def test_partition_between_router_and_one_engine(chaos):
@@ -753,6 +784,9 @@ def test_an_engines_link_flaps(chaos):
     while it cannot reach it and takes it back after the last flap."""
     host, url = "engine01", ENGINE_URLS["engine01"]
     nrestarts, watchdog_restarts = int(unit_show(host, "NRestarts")["NRestarts"]), restarts(host)
+    # Taking the link down drops its routes; the host's own address and subnet come back with
+    # it, its default route does not (the lab has no network manager to restore it).
+    default_route = in_host(host, "ip", "route", "show", "default").stdout.split()
     with clients() as load:
         time.sleep(3)
         started = time.monotonic()
@@ -764,6 +798,8 @@ def test_an_engines_link_flaps(chaos):
                 time.sleep(3)
         finally:
             in_netns(host, "ip", "link", "set", "eth0", "up")
+            if default_route:
+                in_netns(host, "ip", "route", "replace", *default_route)
         healed = time.monotonic()
         wait_until(lambda: workers().get(url) is True, START_BOUND, "back in rotation")
         recovered = time.monotonic() - started
@@ -777,7 +813,9 @@ def test_an_engines_link_flaps(chaos):
         files_lost(host),
         f"in rotation {back:.1f} s after the last flap",
     )
-    assert_bound(row, started, exposed_until=healed)
+    assert_bound(
+        row, started, exposed_until=healed, also="no restart (systemd, watchdog); back in rotation"
+    )
     assert int(unit_show(host, "NRestarts")["NRestarts"]) == nrestarts
     assert restarts(host) == watchdog_restarts
 
@@ -826,49 +864,83 @@ def current_revision(host: str) -> str:
     return in_host(host, "readlink", WEIGHTS).stdout.strip()
 
 
-def test_mirror_unreachable_during_a_fetch(chaos, revision_b):
+def pinned_to(revision: str, tmp_path: Path) -> Path:
+    """Extra vars that pin the lab's model to ``revision`` (the inventory's models otherwise)."""
+    models = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/models.yml").read_text())
+    models["fleet_models"][LAB_MODEL]["revision"] = revision
+    override = tmp_path / f"pinned-{revision[:12]}.yml"
+    override.write_text(yaml.safe_dump(models))
+    return override
+
+
+def test_mirror_unreachable_during_a_site_yml_fetch(chaos, revision_b, tmp_path):
+    """site.yml's weights phase (the model_weights role) fetches revision B on engine02, and
+    the mirror (the lab's source of weights, as a cache host is a fleet's) goes down in the
+    middle of the download: the run fails naming it, keeps what it staged, and leaves the
+    pinned revision current and its engine serving; once the mirror is back, the same run
+    resumes from what was staged and completes."""
     host, serving = "engine02", pinned_revision()
     engine_pid = unit_show(host, "MainPID")["MainPID"]
-    with mirror_throttled(), clients() as load:
-        fetch = start_fetch(host, revision_b)
-        wait_until(lambda: staged_bytes(host, revision_b) > 20e6, 60, "the fetch under way")
+    weights_run = ("site.yml", "--limit", host, "--tags", "weights",
+                   "-e", f"@{pinned_to(revision_b, tmp_path)}")  # fmt: skip
+    mirror = MIRROR_URL.split("/models", maxsplit=1)[0]
+    with mirror_throttled(), clients() as load, ThreadPoolExecutor(1) as pool:
+        run = pool.submit(playbook, *weights_run)
+        # Preflight first (its length is the controller's), then the role's download.
+        wait_until(
+            lambda: run.done() or staged_bytes(host, revision_b) > 20e6,
+            900,
+            "the role's fetch under way",
+        )
+        assert not run.done(), f"the run ended first: {run.result().output[-3000:]}"
         started = time.monotonic()
         in_host("router01", "systemctl", "stop", MIRROR_UNIT)
         try:
-            output, _ = fetch.communicate(timeout=300)
+            failed = run.result()
             detected = time.monotonic() - started
+            current_meanwhile = current_revision(host)
         finally:
             in_host("router01", "systemctl", "start", MIRROR_UNIT)
         kept = staged_bytes(host, revision_b)
-        # The mirror is back: the next run resumes from what was staged.
-        resumed = in_host(host, *fetch_argv(revision_b), check=False)
+        # The mirror is back: the same run again resumes from what was staged.
+        resumed = playbook(*weights_run)
         recovered = time.monotonic() - started
-    print(f"\nfetch with the mirror gone (exit {fetch.returncode}): {output[-800:]}")
-    print(f"{kept} bytes kept for the resume; resumed: {resumed.stdout[-400:]}")
+    fetch_task = "Fetch and verify each model at its pinned revision"
+    print(f"\nsite.yml with the mirror gone (exit {failed.returncode}, {failed.seconds:.0f} s):")
+    print("\n".join(line for line in failed.output.splitlines() if mirror in line)[-1500:])
+    print(f"{kept} bytes kept; the rerun: exit {resumed.returncode}, {resumed.seconds:.0f} s")
     try:
-        assert fetch.returncode != 0
-        assert (
-            MIRROR_URL.split("/models", maxsplit=1)[0].split("//")[1] in output
-            or "mirror" in output
-        )
-        assert "Traceback" not in output
+        assert failed.returncode != 0
+        assert f"TASK [model_weights : {fetch_task}]" in failed.output
+        assert mirror in failed.output, failed.output[-3000:]
+        assert "Traceback" not in failed.output and "MODULE FAILURE" not in failed.output
+        assert failed.recap()[host]["failed"] == 1, failed.recap()
+        assert current_meanwhile == serving, "the pinned revision stays current"
         assert kept > 20e6, "what was fetched is kept for the next run"
-        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert resumed.returncode == 0, resumed.output[-5000:]
+        assert current_revision(host) == revision_b
         assert unit_show(host, "MainPID")["MainPID"] == engine_pid, "the engine kept serving"
     finally:
         # Back to the revision the inventory pins (installed: only the link moves).
         in_host(host, *fetch_argv(serving))
-        in_host(host, "rm", "-rf", f"{MODEL_DIR}/{revision_b}")
+        in_host(
+            host, "rm", "-rf", f"{MODEL_DIR}/{revision_b}", f"{MODEL_DIR}/.staging-{revision_b}"
+        )
     assert current_revision(host) == serving
     row = record(
-        "mirror down during a fetch",
+        "mirror down during site.yml's fetch",
         load.stats,
         detected,
         recovered,
         files_lost(host),
-        f"the fetch fails naming the mirror; {kept / 1e6:.0f} MB kept, resumed when it is back",
+        f"the run fails naming {mirror}; {kept / 1e6:.0f} MB kept; the rerun resumed",
     )
-    assert_bound(row, started)
+    assert_bound(
+        row,
+        started,
+        also="the run fails at the role's fetch naming the mirror, no traceback; "
+        "the pinned revision current, its engine kept its PID; staged bytes kept; rerun passes",
+    )
 
 
 @contextlib.contextmanager
@@ -930,7 +1002,12 @@ def test_disk_full_during_a_fetch(chaos, revision_b):
         lost,
         "the fetch fails naming the file; staging freed; the pinned revision serves",
     )
-    assert_bound(row, started)
+    assert_bound(
+        row,
+        started,
+        also="the fetch failed, no traceback; no staging left; the pinned "
+        "revision current; the engine kept its PID",
+    )
 
 
 def test_two_site_runs_at_once_the_second_is_refused(two_runs: TwoRuns):
@@ -956,13 +1033,18 @@ def test_two_site_runs_at_once_the_second_is_refused(two_runs: TwoRuns):
     assert first.returncode == 0, first.output[-3000:]
     assert all(counts["changed"] == 0 for counts in first.recap().values())
     assert two_runs.lease_after == {"router01": None, "router02": None}, "released at its end"
-    record(
+    row = record(
         "two site.yml runs at once",
         LoadStats(),
         refused.seconds,
         first.seconds,
         0,
         "the others (same checkout, another) are refused naming the first; it ends normally",
+    )
+    row.asserted = (
+        "the same checkout's run refused by the lock, the other checkout's by the lease on "
+        "both routers, each naming the first run (the lease's id to break it); neither changed "
+        "anything; the first changed nothing and released the lease"
     )
 
 
@@ -1053,4 +1135,4 @@ def test_engine_oom_killed(chaos):
         files_lost(host),
         f"{killed} OOM kill(s) of the model worker; limit set from the host (cgroup v1)",
     )
-    assert_bound(row, started)
+    assert_bound(row, started, also="the kernel OOM-killed the worker; ejected, back in rotation")

@@ -40,6 +40,8 @@ class PlaybookRun:
 
 
 TIMINGS = ROOT / "reports" / "timings"
+# The fault matrix of the last lab session that ran it, as Markdown (docs/faults.md's table).
+FAULTS_REPORT = ROOT / "reports" / "faults.md"
 
 
 def timings_env(name: str) -> dict[str, str]:
@@ -132,6 +134,7 @@ class ChaosRow:
     stats: LoadStats
     lost: int  # files of the serving revision missing or changed afterwards
     note: str = ""
+    asserted: str = ""  # the bound the case asserted, set by the case before it asserts
 
     def line(self) -> str:
         detected = "-" if self.detected is None else f"{self.detected:.1f}"
@@ -141,6 +144,17 @@ class ChaosRow:
             f"{stats.plain_retried:>7d} {stats.plain_failed:>6d} {stats.streams_ok:>5d} "
             f"{stats.streams_cut:>4d} {stats.streams_refused:>7d} {self.lost:>5d}  {self.note}"
         )
+
+    def markdown(self) -> str:
+        """The row as docs/faults.md's table has it, with what the case asserted."""
+        detected = "-" if self.detected is None else f"{self.detected:.1f}"
+        s = self.stats
+        loaded = bool(s.requests)
+        requests = f"{s.plain_ok} / {s.plain_retried} / **{s.plain_failed}**" if loaded else "-"
+        streams = f"{s.streams_ok} / {s.streams_cut} / {s.streams_refused}" if loaded else "-"
+        cells = [self.fault, detected, f"{self.recovered:.1f}", requests, streams,
+                 str(self.lost), self.asserted or "(failed before its bound)", self.note]  # fmt: skip
+        return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
 @dataclass
@@ -167,6 +181,10 @@ CHAOS_MATRIX: list[ChaosRow] = []
 CHAOS_HEADER = (
     f"{'fault':28s} {'detect s':>8s} {'recover s':>9s} {'ok':>5s} {'retried':>7s} "
     f"{'failed':>6s} {'s.ok':>5s} {'cut':>4s} {'refused':>7s} {'lost':>5s}  note"
+)
+CHAOS_MARKDOWN_HEADER = (
+    "| fault | detect s | recover s | requests ok / retried / failed | streams ok / cut / "
+    "refused | files lost | asserted | note |\n|---|---|---|---|---|---|---|---|"
 )
 CHAOS_LEGEND = (
     "ok/retried/failed: non-streaming requests (retried = succeeded after a client retry); "
