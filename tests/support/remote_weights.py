@@ -83,6 +83,8 @@ class RemoteSource(ABC, Generic[Server]):
     client_env: ClassVar[tuple[str, ...]]
     # Loggers the client pins above DEBUG; a test opens them to see they never show a token.
     client_loggers: ClassVar[tuple[str, ...]] = ()
+    # Modules whose import sets those loggers' levels (imported before a test opens them).
+    client_modules: ClassVar[tuple[str, ...]] = ()
     branch: ClassVar[str]  # the repo's default branch
     model_type: ClassVar[str]
     extra_files: ClassVar[dict[str, bytes]] = {}
@@ -191,6 +193,8 @@ class HfSource(RemoteSource[FakeHub]):
     client_env = ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE")
     # huggingface_hub pins its own logger at WARNING.
     client_loggers = ("huggingface_hub",)
+    # Its lazy imports configure that logger when the first module that logs is imported.
+    client_modules = ("huggingface_hub.utils._http",)
     branch = "main"
     model_type = "llama"
     not_pinned = "pin a 40-hex commit sha (the full id in the Hub repo's history"

@@ -9,6 +9,7 @@ What only one source does is in test_weights_hf.py and test_weights_modelscope.p
 sources themselves are described in tests/support/remote_weights.py."""
 
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -191,6 +192,10 @@ def test_token_is_required_sent_as_the_client_does_and_never_shown(
     source, server, tmp_path, pins, monkeypatch, caplog, capfd
 ):
     caplog.set_level(logging.DEBUG)
+    for module in source.client_modules:
+        # Imported first: the client pins its logger's level when these are imported, which in
+        # a worker where no earlier test imported them would undo the level set here.
+        importlib.import_module(module)
     for logger in source.client_loggers:
         caplog.set_level(logging.DEBUG, logger=logger)
     server.require_token(source.token)
