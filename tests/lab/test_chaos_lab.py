@@ -1048,30 +1048,60 @@ def test_two_site_runs_at_once_the_second_is_refused(two_runs: TwoRuns):
     )
 
 
+def cgroup_v2() -> bool:
+    return Path("/sys/fs/cgroup/cgroup.controllers").exists()
+
+
 def memory_cgroup(name: str) -> Path:
     """The container's memory cgroup on this host (cgroup v1, podman's cgroupfs manager)."""
     for line in Path(f"/proc/{container_pid(name)}/cgroup").read_text().splitlines():
         _, controllers, path = line.split(":", 2)
         if "memory" in controllers.split(","):
             return Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-    pytest.fail("no cgroup v1 memory controller: on cgroup v2 set MemoryMax on the unit instead")
+    pytest.fail(f"{name}: no cgroup v1 memory controller on this host")
 
 
-def oom_kills(cgroup: Path) -> int:
+def v1_oom_kills(cgroup: Path) -> int:
     for line in (cgroup / "memory.oom_control").read_text().splitlines():
         if line.startswith("oom_kill "):
             return int(line.split()[1])
     return 0
 
 
-@contextlib.contextmanager
-def memory_limited(host: str, comm: str, headroom: int) -> Iterator[Path]:
-    """The engine's model worker under a memory limit ``headroom`` bytes above what it uses.
+def unit_oom_kills(host: str) -> int:
+    """The kernel's OOM kills in the engine unit's own cgroup (cgroup v2, as its systemd sees it)."""
+    events = in_host(host, "cat", f"/sys/fs/cgroup/system.slice/{UNIT}/memory.events").stdout
+    counts = dict(line.split() for line in events.splitlines())
+    return int(counts.get("oom_kill", 0))
 
-    The lab's containers run on cgroup v1, where the memory controller is read-only inside
-    the container, so the unit's own MemoryMax= cannot be enforced there; the same kernel
-    limit is set from the host on a child cgroup of the container's, holding that process.
+
+@contextlib.contextmanager
+def memory_limited(host: str, comm: str, headroom: int) -> Iterator[Callable[[], int]]:
+    """The engine under a memory limit ``headroom`` bytes above what it uses; yields a count
+    of the OOM kills under that limit.
+
+    On a cgroup v2 host (Debian 12's default) the container's systemd owns its cgroup tree:
+    the limit is the engine unit's own ``MemoryMax=``, lowered at runtime and put back after,
+    which is the bound the role sets from the plan. On cgroup v1 the memory controller is
+    read-only inside the container, so the unit's ``MemoryMax=`` cannot be enforced there;
+    the same kernel limit is set from the host on a child cgroup of the container's, holding
+    the process named ``comm`` (the model worker).
     """
+    if cgroup_v2():
+        planned = unit_show(host, "MemoryMax")["MemoryMax"]
+        usage = int(unit_show(host, "MemoryCurrent")["MemoryCurrent"])
+        in_host(
+            host, "systemctl", "set-property", "--runtime", UNIT, f"MemoryMax={usage + headroom}"
+        )
+        try:
+            yield lambda: unit_oom_kills(host)
+        finally:
+            in_host(host, "systemctl", "set-property", "--runtime", UNIT, f"MemoryMax={planned}")
+            # The runtime drop-in goes, so the unit's own drop-in from the role holds again.
+            in_host(host, "rm", "-f", f"/run/systemd/system.control/{UNIT}.d/50-MemoryMax.conf")
+            in_host(host, "systemctl", "daemon-reload")
+            assert unit_show(host, "MemoryMax")["MemoryMax"] == planned
+        return
     parent = memory_cgroup(host)
     child = parent / "vllm-fleet-chaos-oom"
     child.mkdir(exist_ok=True)
@@ -1085,7 +1115,7 @@ def memory_limited(host: str, comm: str, headroom: int) -> Iterator[Path]:
     usage = int((child / "memory.usage_in_bytes").read_text())
     (child / "memory.limit_in_bytes").write_text(str(usage + headroom))
     try:
-        yield child
+        yield lambda: v1_oom_kills(child)
     finally:
         for pid in (child / "cgroup.procs").read_text().split():
             (parent / "cgroup.procs").write_text(pid)
@@ -1113,12 +1143,12 @@ def test_engine_oom_killed(chaos):
     pressure = threading.Thread(target=long_prompts, args=(stop,), daemon=True)
     with clients() as load:
         time.sleep(3)
-        with memory_limited(host, "VLLM::Worker", headroom=16 * 1024**2) as cgroup:
+        with memory_limited(host, "VLLM::Worker", headroom=16 * 1024**2) as oom_kills:
             started = time.monotonic()
             pressure.start()
             try:
-                wait_until(lambda: oom_kills(cgroup) > 0, 60, "the kernel's OOM killer acts")
-                killed = oom_kills(cgroup)
+                wait_until(lambda: oom_kills() > 0, 60, "the kernel's OOM killer acts")
+                killed = oom_kills()
             finally:
                 stop.set()
                 pressure.join(timeout=60)
@@ -1133,6 +1163,11 @@ def test_engine_oom_killed(chaos):
         detected,
         recovered,
         files_lost(host),
-        f"{killed} OOM kill(s) of the model worker; limit set from the host (cgroup v1)",
+        f"{killed} OOM kill(s) of the model worker; "
+        + (
+            "the unit's MemoryMax (cgroup v2)"
+            if cgroup_v2()
+            else "limit set from the host (cgroup v1)"
+        ),
     )
     assert_bound(row, started, also="the kernel OOM-killed the worker; ejected, back in rotation")
