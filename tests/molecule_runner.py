@@ -2,11 +2,12 @@
 
 The scenarios run in two lanes at once. The first lane starts with engine_runtime's
 scenario on the bare base image; its converged, verified container is then committed as the
-engine-host image that the rest of that lane (model_weights, vllm_engine, and in make
-test-all router and engine_watchdog and fleet_upgrade) and the lab end-to-end test start
-from, where engine_runtime must find nothing to change. The second lane holds the scenarios
-that need no engine host (apt, reboots, fixtures); fleet_verify (fixtures too) runs in the
-first lane, where it balances the two. Each keeps its whole output in
+engine-host image that the scenarios after it in that lane (model_weights, vllm_engine, and
+in make test-all router and engine_watchdog and fleet_upgrade) and the lab end-to-end test
+start from, where engine_runtime must find nothing to change. The scenarios that need no
+engine host (apt, reboots, fixtures) wait in one queue, longest first: the second lane takes
+them from the start, the first once its engine-host scenarios are done, so the two lanes end
+close together whatever each scenario takes on the machine. Each keeps its whole output in
 reports/molecule/ROLE-test.log; the runner prints a line per scenario as it ends, then why
 each failed one failed, then a table of seconds.
 """
@@ -14,6 +15,7 @@ each failed one failed, then a table of seconds.
 from __future__ import annotations
 
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -30,20 +32,20 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 WHY = re.compile(r"fatal:|failed=[1-9]|FAILED(?! - RETRYING)|Traceback|ERROR|(^|│ )E {3,}")
 ASSERTION = re.compile(r"(^|│ )E {3,}")
 BAKER = ("engine_runtime", "vf-engine-runtime")
-# (engine-host lane after the baker, lane without engine hosts), in order: balanced by the
-# seconds each took side by side on a 2-core machine (make test: about 1180 s each).
-LANES = (
-    [
-        "vllm_engine",
-        "model_weights",
-        "fleet_verify",
-        "router",
-        "engine_watchdog",
-        "fleet_upgrade",
-    ],
-    ["ascend_stack", "cuda_stack", "monitoring", "preflight", "engine_firewall", "host_tls"],
-)
-SCENARIOS = [BAKER[0]] + [role for lane in LANES for role in lane]
+# After the baker, on its image, in order.
+ENGINE_HOST = ["vllm_engine", "model_weights", "router", "engine_watchdog", "fleet_upgrade"]
+# Need no engine host: either lane takes the next, longest first (seconds side by side on a
+# 2-core machine: ascend_stack 250, cuda_stack 166, fleet_verify 103, monitoring 87, ...).
+ANY_HOST = [
+    "ascend_stack",
+    "cuda_stack",
+    "fleet_verify",
+    "monitoring",
+    "engine_firewall",
+    "preflight",
+    "host_tls",
+]
+SCENARIOS = [BAKER[0], *ENGINE_HOST, *ANY_HOST]
 # What the lab proves with real engines on every make test (tests/lab): these scenarios
 # repeat it, so they run in make test-all only. The router's own checks (its user, its
 # files' modes, keys out of its environment) are in tests/lab/test_exposure_lab.py.
@@ -95,23 +97,30 @@ def bake(env: dict[str, str]) -> tuple[str, float, int]:
     return role, seconds, rc
 
 
+def run_scenario(role: str, env: dict[str, str]) -> tuple[str, float, int]:
+    started = time.monotonic()
+    rc = molecule(role, "test", env=env, echo=False)
+    seconds = time.monotonic() - started
+    print(f"=== {role}: {'ok' if rc == 0 else f'FAILED rc={rc}'} in {seconds:.0f} s", flush=True)
+    return role, seconds, rc
+
+
 def run_lane(
-    lane: list[str], env: dict[str, str], baked: bool = False
+    own: list[str], shared: queue.SimpleQueue[str], env: dict[str, str], baked: bool = False
 ) -> list[tuple[str, float, int]]:
+    """The lane's own scenarios (after the bake, on its image), then the shared queue's."""
     results = []
     if baked:
         results.append(bake(env))
         if results[0][2] != 0:
-            return results  # the rest of this lane starts from the image it did not make
-    for role in lane:
-        started = time.monotonic()
-        rc = molecule(role, "test", env=env, echo=False)
-        seconds = time.monotonic() - started
-        print(
-            f"=== {role}: {'ok' if rc == 0 else f'FAILED rc={rc}'} in {seconds:.0f} s", flush=True
-        )
-        results.append((role, seconds, rc))
-    return results
+            own = []  # they start from the image it did not make; the queue's need none
+    results += [run_scenario(role, env) for role in own]
+    while True:
+        try:
+            role = shared.get_nowait()
+        except queue.Empty:
+            return results
+        results.append(run_scenario(role, env))
 
 
 def why_it_failed(role: str, context: int = 25) -> tuple[list[str], str]:
@@ -151,10 +160,16 @@ def main() -> int:
     results: list[tuple[str, float, int]] = []
 
     everything = os.environ.get("VLLM_FLEET_MOLECULE_ALL") == "1"
-    lanes = [[r for r in lane if everything or r not in LAB_COVERED] for lane in LANES]
-    scenarios = [BAKER[0]] + [role for lane in lanes for role in lane]
-    with ThreadPoolExecutor(max_workers=len(lanes)) as pool:
-        runs = [pool.submit(run_lane, lane, env, baked=i == 0) for i, lane in enumerate(lanes)]
+    engine_host = [r for r in ENGINE_HOST if everything or r not in LAB_COVERED]
+    scenarios = [BAKER[0], *engine_host, *ANY_HOST]
+    shared: queue.SimpleQueue[str] = queue.SimpleQueue()
+    for role in ANY_HOST:
+        shared.put(role)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        runs = [
+            pool.submit(run_lane, engine_host, shared, env, baked=True),
+            pool.submit(run_lane, [], shared, env),
+        ]
         for run in runs:
             results.extend(run.result())
 
