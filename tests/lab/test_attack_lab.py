@@ -144,6 +144,55 @@ def test_the_engine_user_cannot_read_or_use_a_control_key(fresh_lab):
         no_rogue_worker()
 
 
+WATCHDOG_USER = "vllm-fleet-watchdog"
+
+
+def systemctl_as(user: str, *argv: str) -> str:
+    """What systemd (asking polkit) answered ``user`` running ``systemctl argv``."""
+    done = in_host(HOST, "runuser", "-u", user, "--", "systemctl", *argv, check=False)
+    if done.returncode == 0:
+        return "allowed"
+    # polkit's "no" (our rule), or its default for units: an administrator's password,
+    # which no one can give here.
+    denied = ("Access denied", "Interactive authentication required")
+    return "refused" if any(d in done.stderr for d in denied) else f"exit {done.returncode}"
+
+
+def test_the_watchdog_runs_as_its_own_user_and_may_only_restart_engines(fresh_lab):
+    """The watchdog holds the host's control key; it runs as its own user, not root, and
+    polkit lets that user do to an engine unit only what it does to a hung group (kill,
+    reset-failed, restart). The engine's user may do none of it."""
+    unit = "vllm-engine@g0.service"
+    pid = in_host(
+        HOST, "systemctl", "show", "-p", "MainPID", "--value", "vllm-fleet-watchdog.service"
+    ).stdout.strip()
+    user = in_host(HOST, "ps", "-o", "user=", "-p", pid).stdout.strip()
+    record("root on engine01", "the watchdog's user", WATCHDOG_USER, user)
+    assert user == WATCHDOG_USER
+    # What the watchdog does to a hung group; each harmless here (a running unit, SIGCONT).
+    for tried in (
+        ("reset-failed", "--", unit),
+        ("kill", "--kill-whom=main", "--signal=SIGCONT", "--", unit),
+    ):
+        answered = systemctl_as(WATCHDOG_USER, *tried)
+        record(f"{WATCHDOG_USER}", f"systemctl {tried[0]} {unit}", "allowed", answered)
+        assert answered == "allowed", tried
+    # Anything else, each harmless were it let through (start of a running unit, a journald
+    # restart), so that a rule gone wrong fails this test and leaves the lab serving.
+    for user, tried in (
+        (WATCHDOG_USER, ("start", unit)),
+        (WATCHDOG_USER, ("restart", "systemd-journald.service")),
+        (WATCHDOG_USER, ("reset-failed", "vllm-fleet-watchdog.service")),
+        ("vllm", ("reset-failed", unit)),
+        ("vllm", ("kill", "--kill-whom=main", "--signal=SIGCONT", unit)),
+    ):
+        answered = systemctl_as(user, *tried)
+        record(
+            user, f"systemctl {' '.join(t for t in tried if t != '--')}"[:58], "refused", answered
+        )
+        assert answered == "refused", (user, tried)
+
+
 def test_an_engine_host_holds_only_its_own_key_and_the_routers_log_who_acted(fresh_lab):
     """The fleet's key never reaches an engine host; each host's key is its own, and the
     routers' audit log names the host behind every worker change."""

@@ -93,22 +93,24 @@ def test_the_keys_stay_out_of_command_lines_output_and_journal(fresh_lab, second
         for key in keys:
             assert key not in cmdlines
             assert key not in journal
+        # Root's, but for the engine key (the watchdog's group reads it to probe) and the
+        # watchdog's own key.
         key_files = (
-            [
-                "/etc/vllm-fleet/router.env",
-                "/etc/vllm-fleet/router-control-keys.json",
-                "/var/lib/vllm-fleet/verify/verify.env",
-            ]
+            {
+                "/etc/vllm-fleet/router.env": "600 root:root",
+                "/etc/vllm-fleet/router-control-keys.json": "600 root:root",
+                "/var/lib/vllm-fleet/verify/verify.env": "600 root:root",
+            }
             if host == "router01"
-            else [
-                "/etc/vllm-fleet/engines/g0.env",
-                "/etc/vllm-fleet/watchdog.env",
-                "/etc/vllm-fleet/router-control.env",
-            ]
+            else {
+                "/etc/vllm-fleet/engines/g0.env": "640 root:vllm-fleet-watchdog",
+                "/etc/vllm-fleet/watchdog.env": "600 vllm-fleet-watchdog:vllm-fleet-watchdog",
+                "/etc/vllm-fleet/router-control.env": "600 root:root",
+            }
         )
-        for path in key_files:
-            mode = in_host(host, "stat", "-c", "%a %U", path).stdout
-            assert mode.split() == ["600", "root"], path
+        for path, expected in key_files.items():
+            mode = in_host(host, "stat", "-c", "%a %U:%G", path).stdout.strip()
+            assert mode == expected, path
         # Every file on the host holding a key: readable by its owner (and group) only.
         holders = in_host(
             host, "grep", "-rlsF", "-f", "-", *KEY_SEARCH_DIRS, stdin="\n".join(keys) + "\n",

@@ -54,7 +54,8 @@ def test_requests_without_or_with_a_wrong_key_are_refused(host):
 
 def test_secrets_files_are_private(host):
     env = host.file("/etc/vllm-fleet/engines/g0.env")
-    assert (env.user, env.group, env.mode) == ("root", "root", 0o600)
+    # The watchdog's group reads the key to probe with; the engine's user does not.
+    assert (env.user, env.group, env.mode) == ("root", "vllm-fleet-watchdog", 0o640)
     settings = host.file("/etc/vllm-fleet/engines/g0.json")
     assert (settings.user, settings.group, settings.mode) == ("root", "vllm", 0o640)
     assert KEY not in settings.content_string
