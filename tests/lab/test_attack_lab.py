@@ -158,6 +158,10 @@ def systemctl_as(user: str, *argv: str) -> str:
     return "refused" if any(d in done.stderr for d in denied) else f"exit {done.returncode}"
 
 
+def command(argv: tuple[str, ...]) -> str:
+    return "systemctl " + " ".join(arg for arg in argv if arg != "--")
+
+
 def test_the_watchdog_runs_as_its_own_user_and_may_only_restart_engines(fresh_lab):
     """The watchdog holds the host's control key; it runs as its own user, not root, and
     polkit lets that user do to an engine unit only what it does to a hung group (kill,
@@ -175,7 +179,7 @@ def test_the_watchdog_runs_as_its_own_user_and_may_only_restart_engines(fresh_la
         ("kill", "--kill-whom=main", "--signal=SIGCONT", "--", unit),
     ):
         answered = systemctl_as(WATCHDOG_USER, *tried)
-        record(f"{WATCHDOG_USER}", f"systemctl {tried[0]} {unit}", "allowed", answered)
+        record(WATCHDOG_USER, command(tried), "allowed", answered)
         assert answered == "allowed", tried
     # Anything else, each harmless were it let through (start of a running unit, a journald
     # restart), so that a rule gone wrong fails this test and leaves the lab serving.
@@ -187,9 +191,7 @@ def test_the_watchdog_runs_as_its_own_user_and_may_only_restart_engines(fresh_la
         ("vllm", ("kill", "--kill-whom=main", "--signal=SIGCONT", unit)),
     ):
         answered = systemctl_as(user, *tried)
-        record(
-            user, f"systemctl {' '.join(t for t in tried if t != '--')}"[:58], "refused", answered
-        )
+        record(user, command(tried), "refused", answered)
         assert answered == "refused", (user, tried)
 
 

@@ -167,7 +167,8 @@ class AttackRow:
     answered: str
 
     def line(self) -> str:
-        verdict = "refused" if self.answered == self.expected else "GOT THROUGH"
+        # The boundary held: what was refused was refused, what it must allow was allowed.
+        verdict = "held" if self.answered == self.expected else "GOT THROUGH"
         return (
             f"{self.who:22s} | {self.tried:58s} | {self.expected:8s} | "
             f"{self.answered:26s} | {verdict}"
