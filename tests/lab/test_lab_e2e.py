@@ -225,6 +225,33 @@ def test_a_group_that_cannot_start_fails_with_its_journal_and_recovers(fresh_lab
     assert re.search(r"smoke http://[0-9.]+:8100: PASS", restored.output)
 
 
+# An apt source that refuses every connection: apt-get update fails (exit 100) on this host.
+UNREACHABLE_SOURCE = "deb http://127.0.0.1:9/debian bookworm main\n"
+APT_AIRGAP = "/etc/apt/sources.list.d/vllm-fleet-airgap.list"
+
+
+def test_a_converged_host_whose_mirror_is_gone_needs_no_apt(fresh_lab):
+    """Every package the roles install is there: a re-run asks dpkg and never apt's index,
+    so a host whose mirror is gone (or an air-gapped one whose image brought its packages)
+    converges with no change. apt's lists are made older than any valid time, and a source
+    that refuses connections is added: any index update would fail the run."""
+    host = "engine02"
+    in_host(host, "sh", "-c", f"printf '{UNREACHABLE_SOURCE}' > {APT_AIRGAP}")
+    try:
+        broken = in_host(host, "apt-get", "update", "-qq", check=False)
+        assert broken.returncode != 0, "the lab's check needs an index update to fail"
+        # Older than any cache_valid_time: the apt module would update the index first.
+        stale = "touch -d '3 days ago' /var/lib/apt/lists /var/lib/apt/lists/*_Packages*"
+        in_host(host, "sh", "-c", stale + "; rm -f /var/lib/apt/periodic/update-success-stamp")
+        tags = "runtime,firewall,watchdog,node_exporter"
+        run = playbook("site.yml", "--limit", host, "--tags", tags)
+        assert run.returncode == 0, run.output[-5000:]
+        assert run.recap()[host]["changed"] == 0, run.recap()
+        assert "Install the missing packages" not in run.output
+    finally:
+        in_host(host, "rm", "-f", APT_AIRGAP)
+
+
 def test_a_bad_inventory_is_refused_before_any_host_changes(fresh_lab):
     run = playbook(
         "site.yml", "-e", "fleet_engine_stak=cpu-vllm-0.32.0", "-e", "vllm_engine_start_timeout=5"
