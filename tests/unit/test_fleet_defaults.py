@@ -15,10 +15,7 @@ ROLES = sorted(p.parent.parent.name for p in ROOT.glob("roles/*/meta/main.yml"))
 
 
 def test_every_shared_path_default_is_declared_in_its_spec():
-    specs = SPEC["argument_specs"]
-    # apt_packages' own settings are defaulted too; the packages are its caller's to name.
-    apt = {k for k, v in specs["apt_packages"]["options"].items() if not v.get("required")}
-    assert set(DEFAULTS) == set(specs["main"]["options"]) | apt
+    assert set(DEFAULTS) == set(SPEC["argument_specs"]["main"]["options"])
 
 
 @pytest.mark.parametrize("role", [r for r in ROLES if r != "fleet_defaults"])
