@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 import httpx
+import yaml
 
 from tests.support.lab import ROOT, in_host
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
@@ -29,8 +30,13 @@ UNIT = "vllm-engine@g0.service"
 MODEL = "smollm2"
 # The bracket keeps pkill from matching the shell that runs it.
 KILL_VLLM = "pkill -KILL -f 'bin/[v]llm serve'; pkill -KILL '^VLLM::'"
-# inventories/lab/group_vars/all/fleet.yml: fleet_watchdog
-INTERVAL, PROBE_TIMEOUT, THRESHOLD, BUDGET = 2, 10, 3, 3
+_WATCHDOG = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/fleet.yml").read_text())[
+    "fleet_watchdog"
+]
+INTERVAL = float(_WATCHDOG["interval_seconds"])
+PROBE_TIMEOUT = float(_WATCHDOG["probe_timeout_seconds"])
+THRESHOLD = int(_WATCHDOG["failure_threshold"])
+BUDGET = int(_WATCHDOG["restart_budget"])
 # Each failed observation: the probe's timeout, then 2 s for the engine's progress counters.
 DETECTION_BOUND = THRESHOLD * (INTERVAL + PROBE_TIMEOUT + 2) + 10
 START_BOUND = 300

@@ -15,7 +15,7 @@ GroupName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]+$")]
 class WatchdogConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    interval_seconds: float = Field(default=2.0, gt=0)
+    interval_seconds: float = Field(default=5.0, gt=0)
     probe_timeout_seconds: float = Field(default=5.0, gt=0)
     failure_threshold: int = Field(default=3, ge=1)
     max_start_seconds: float = Field(default=900.0, gt=0)
