@@ -2,8 +2,8 @@
 
 The scenarios run in two lanes at once. The first lane starts with engine_runtime's
 scenario on the bare base image; its converged, verified container is then committed as the
-engine-host image that the scenarios after it in that lane (model_weights, vllm_engine, and
-in make test-all router and engine_watchdog and fleet_upgrade) and the lab end-to-end test
+engine-host image that the scenarios after it in that lane (model_weights, and in make
+test-all vllm_engine, router, engine_watchdog and fleet_upgrade) and the lab end-to-end test
 start from, where engine_runtime must find nothing to change. The scenarios that need no
 engine host (apt, reboots, fixtures) wait in one queue, longest first: the second lane takes
 them from the start, the first once its engine-host scenarios are done, so the two lanes end
@@ -48,8 +48,10 @@ ANY_HOST = [
 SCENARIOS = [BAKER[0], *ENGINE_HOST, *ANY_HOST]
 # What the lab proves with real engines on every make test (tests/lab): these scenarios
 # repeat it, so they run in make test-all only. The router's own checks (its user, its
-# files' modes, keys out of its environment) are in tests/lab/test_exposure_lab.py.
-LAB_COVERED = {"router", "engine_watchdog", "fleet_upgrade"}
+# files' modes, keys out of its environment) are in tests/lab/test_exposure_lab.py; the
+# engine's (its user, offline, pinned, its key files, bind, memory bound, sandbox score, a
+# clean stop) in test_lab_e2e.py, test_exposure_lab.py and the change matrix's first row.
+LAB_COVERED = {"router", "engine_watchdog", "fleet_upgrade", "vllm_engine"}
 
 
 def molecule(role: str, *args: str, env: dict[str, str], echo: bool = True) -> int:

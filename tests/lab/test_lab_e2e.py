@@ -54,13 +54,17 @@ def test_readme_curl_gets_an_answer_from_the_lab(fresh_lab):
     assert "Paris" in answer
 
 
-def test_each_engine_serves_on_its_own_core(fresh_lab):
+def test_each_engine_serves_on_its_own_core_offline_as_its_user(fresh_lab):
     for index, host in enumerate(ENGINES):
         assert engine_settings(host)["devices"] == [index]
         main = in_host(host, "systemctl", "show", "-p", "MainPID", "--value", "vllm-engine@g0")
         child = in_host(host, "pgrep", "-P", main.stdout.strip()).stdout.split()[0]
         environ = in_host(host, "cat", f"/proc/{child}/environ").stdout.split("\0")
         assert f"VLLM_CPU_OMP_THREADS_BIND={index}" in environ
+        assert "HF_HUB_OFFLINE=1" in environ
+        serving = in_host(host, "ps", "-o", "user:16=,args=", "-p", child).stdout.split()
+        assert serving[0] == "vllm" and serving[3] == "serve", serving
+        assert serving[4].startswith("/srv/models/smollm2-135m/"), serving
 
 
 def test_the_keys_stay_out_of_command_lines_output_and_journal(fresh_lab, second_run):

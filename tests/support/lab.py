@@ -205,6 +205,7 @@ class MatrixRow:
     min_serving: int  # fewest engines of a served name the load used, in any router sample
     verify: str
     rerun_changed: int | None
+    names: int = 1  # served names the load asked for (each: 2 non-streaming clients, 1 streaming)
 
     def line(self) -> str:
         s = self.stats
