@@ -43,7 +43,11 @@ def render(inventory: str, tmp_path: Path) -> list[dict]:
         f"  vars_files: [{ROOT}/catalog/stacks.yml]\n"
         "  roles: [vllm_engine]\n"
     )
-    secrets = {"fleet_engine_api_key": API_KEY, "fleet_router_control_key": CONTROL_KEY}
+    secrets = {
+        "fleet_engine_api_key": API_KEY,
+        "fleet_router_control_key": CONTROL_KEY,
+        "fleet_model_cache_token": "dGVzdCB0b2tlbiBvZiB0aGUgZXhhbXBsZSdzIGNhY2hl",
+    }
     env = {
         **os.environ,
         "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),

@@ -54,6 +54,8 @@ def test_examples_keep_the_key_in_vault(inventory):
             assert set(hv[key]) == {"__ansible_vault"}, key
         if any(m.get("source") == "hf" for m in hv["fleet_models"].values()):
             assert set(hv["fleet_hf_token"]) == {"__ansible_vault"}
+        if inventory == "example-cuda":  # its cache01.infer.example.internal serves hf models
+            assert set(hv["fleet_model_cache_token"]) == {"__ansible_vault"}
 
 
 def test_the_cuda_example_fetches_from_the_hub_once_through_its_cache_host():

@@ -4,8 +4,11 @@ the fleet's cache host (fetched once upstream, every engine host verifying what 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import http.server
+import json
 import os
+import ssl
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -13,9 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tests.unit.conftest import make_model
-from vllm_fleet.weights.base import CURRENT_LINK, DiskFullError, WeightsError
+from vllm_fleet.tls.ca import CA_CERT, FleetCa, init_ca, load_ca
+from vllm_fleet.weights.base import CURRENT_LINK, MANIFEST_NAME, DiskFullError, WeightsError
 from vllm_fleet.weights.cache import CacheFetch
 from vllm_fleet.weights.mirror import MirrorFetch
 from vllm_fleet.weights.publish import publish
@@ -31,6 +39,9 @@ class RangeServer:
     cut: dict[str, int] = field(default_factory=dict)  # URL path -> bytes sent before dropping
     ranges: list[tuple[str, str | None]] = field(default_factory=list)
     url: str = ""
+    # As the cache's nginx: with a token set, 401 for any request without "Bearer <token>".
+    token: str = ""
+    authorizations: list[str | None] = field(default_factory=list)
 
 
 def _handler(state: RangeServer) -> type[http.server.BaseHTTPRequestHandler]:
@@ -41,6 +52,10 @@ def _handler(state: RangeServer) -> type[http.server.BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             path = self.path.split("?")[0]
             state.ranges.append((path, self.headers.get("Range")))
+            state.authorizations.append(self.headers.get("Authorization"))
+            if state.token and self.headers.get("Authorization") != f"Bearer {state.token}":
+                self.send_error(401)
+                return
             file = state.root / path.lstrip("/")
             if not file.is_file():
                 self.send_error(404)
@@ -223,11 +238,29 @@ def cache(server: RangeServer, mirror: tuple[str, str]) -> dict[str, object]:
     return {"source": "mirror", "url": mirror[0]}
 
 
+def held_manifest_sha256(server: RangeServer, mirror: tuple[str, str]) -> str:
+    """What model_weights reads on the cache host over the controller's connection."""
+    held = server.root / "cache" / "m" / mirror[1] / MANIFEST_NAME
+    return hashlib.sha256(held.read_bytes()).hexdigest() if held.is_file() else "0" * 64
+
+
 def cache_fetch(
-    server: RangeServer, mirror: tuple[str, str], root: Path, wanted: dict[str, object]
+    server: RangeServer,
+    mirror: tuple[str, str],
+    root: Path,
+    wanted: dict[str, object],
+    *,
+    pin: str | None = None,
+    token: str = "",
 ) -> CacheFetch:
     return CacheFetch(
-        name="m", revision=mirror[1], base_url=f"{server.url}/cache", upstream=wanted, root=root
+        name="m",
+        revision=mirror[1],
+        base_url=f"{server.url}/cache",
+        upstream=wanted,
+        root=root,
+        manifest_sha256=pin or held_manifest_sha256(server, mirror),
+        token=token,
     )
 
 
@@ -271,6 +304,106 @@ def test_a_cache_copy_of_another_origin_is_refused(
         cache_fetch(server, mirror, tmp_path / "engine01", wanted).run()
     assert "the cache host holds a different copy" in str(err.value)
     assert "wanted 'https://elsewhere.example/models/m'" in str(err.value)
+
+
+def test_a_manifest_altered_on_the_way_is_refused_before_any_file(
+    server: RangeServer, mirror: tuple[str, str], cache: dict[str, object], tmp_path: Path
+) -> None:
+    """Another host at the cache's address (or a proxy on the way) serves a manifest that
+    lists its own weights with their own hashes: every file would verify against it, so the
+    pin read on the cache host itself is what refuses it."""
+    pin = held_manifest_sha256(server, mirror)
+    served = server.root / "cache" / "m" / mirror[1]
+    served.chmod(0o755)
+    forged_weights = bytes(reversed(WEIGHTS))
+    (served / "model.safetensors").chmod(0o644)
+    (served / "model.safetensors").write_bytes(forged_weights)
+    manifest = json.loads((served / MANIFEST_NAME).read_text())
+    for entry in manifest["files"]:
+        if entry["path"] == "model.safetensors":
+            entry["sha256"] = hashlib.sha256(forged_weights).hexdigest()
+    (served / MANIFEST_NAME).chmod(0o644)
+    (served / MANIFEST_NAME).write_text(json.dumps(manifest))
+    root = tmp_path / "engine01"
+    previous = old_revision(root)
+    server.ranges.clear()
+    with pytest.raises(WeightsError) as err:
+        cache_fetch(server, mirror, root, cache, pin=pin).run()
+    assert f"the cache host's own copy {pin}" in str(err.value)
+    assert "nothing was installed" in str(err.value)
+    assert os.readlink(root / "m" / CURRENT_LINK) == previous
+    assert not (root / "m" / mirror[1]).exists()
+    # Refused on the manifest: not one weights byte was asked for.
+    assert [p for p, _ in server.ranges if p.endswith(".safetensors")] == []
+
+
+def test_the_cache_token_goes_to_the_cache_and_a_missing_one_is_named(
+    server: RangeServer, mirror: tuple[str, str], cache: dict[str, object], tmp_path: Path
+) -> None:
+    server.token = "t" * 40
+    with pytest.raises(WeightsError, match="refused this host's token"):
+        cache_fetch(server, mirror, tmp_path / "e1", cache).run()
+    server.authorizations.clear()
+    assert cache_fetch(server, mirror, tmp_path / "e2", cache, token="t" * 40).run().changed
+    assert set(server.authorizations) == {f"Bearer {'t' * 40}"}
+
+
+def serve_tls(state: RangeServer, ca: FleetCa, tmp_path: Path) -> http.server.HTTPServer:
+    """The same files over HTTPS, with a certificate ``ca`` issued for 127.0.0.1 (as nginx
+    serves the cache with the host's certificate from host_tls)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cache01")]))
+        .sign(key, hashes.SHA256())
+        .public_bytes(serialization.Encoding.PEM)
+    )
+    (tmp_path / "host.crt").write_bytes(ca.issue(csr, ["cache01"], ["127.0.0.1"]))
+    (tmp_path / "host.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "host.crt", tmp_path / "host.key")
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def test_over_https_only_the_fleet_ca_is_trusted(
+    server: RangeServer, mirror: tuple[str, str], cache: dict[str, object], tmp_path: Path
+) -> None:
+    init_ca(tmp_path / "fleet-ca")
+    fleet = load_ca(tmp_path / "fleet-ca")
+    init_ca(tmp_path / "rogue-ca")
+    rogue = load_ca(tmp_path / "rogue-ca")
+    for issuer, name in ((fleet, "fleet"), (rogue, "rogue")):
+        (tmp_path / name).mkdir()
+        httpd = serve_tls(server, issuer, tmp_path / name)
+        base = f"https://127.0.0.1:{httpd.server_address[1]}/cache"
+        try:
+            fetch = cache_fetch(server, mirror, tmp_path / f"e-{name}", cache)
+            fetch.base_url = base
+            fetch.ca_cert = str(tmp_path / "fleet-ca" / CA_CERT)
+            if issuer is fleet:
+                assert fetch.run().changed
+            else:
+                # The same address and name, another CA: refused at the handshake.
+                with pytest.raises(WeightsError, match="CERTIFICATE_VERIFY_FAILED"):
+                    fetch.run()
+                assert not (tmp_path / f"e-{name}" / "m" / mirror[1]).exists()
+            # No CA given for an https cache: refused, not trusted to the system's CAs.
+            bare = cache_fetch(server, mirror, tmp_path / f"bare-{name}", cache)
+            bare.base_url = base
+            with pytest.raises(WeightsError, match="no CA was given to check it with"):
+                bare.run()
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
 
 
 def test_a_missing_cache_copy_says_to_run_the_cache_play(

@@ -34,6 +34,13 @@ options:
   path: {description: Pre-staged directory (local)., type: path}
   manifest: {description: "Manifest of the pre-staged directory (local); default <path>/manifest.json.", type: path}
   token: {description: Hub or ModelScope token; never logged., type: str}
+  manifest_sha256:
+    description:
+      - "For C(cache): the sha256 of the cache host's own manifest of this revision, read over
+        the controller's connection to it; a served manifest that hashes otherwise is refused."
+    type: str
+  cache_token: {description: "For C(cache): the token the cache serves its readers; never logged.", type: str}
+  ca_cert: {description: "For C(cache) over HTTPS: the fleet CA's certificate, the only one trusted.", type: path}
   root: {description: Models root on the host., type: path, default: /srv/models}
   keep: {description: "Newest revisions kept per model (for rollback), beyond those in use.", type: int, default: 2}
   engine_config_dir: {description: "Engine groups' settings (EngineConfig JSON); revisions they name are kept.", type: path, default: /etc/vllm-fleet/engines}
@@ -102,6 +109,9 @@ def main() -> None:
             "path": {"type": "path"},
             "manifest": {"type": "path"},
             "token": {"type": "str", "no_log": True},
+            "manifest_sha256": {"type": "str"},
+            "cache_token": {"type": "str", "no_log": True},
+            "ca_cert": {"type": "path"},
             "root": {"type": "path", "default": "/srv/models"},
             "keep": {"type": "int", "default": 2},
             "engine_config_dir": {"type": "path", "default": "/etc/vllm-fleet/engines"},
@@ -154,11 +164,23 @@ def main() -> None:
     try:
         fetch = upstream_fetch(upstream, params, common)
         if source == "cache":
-            fetch = CacheFetch(base_url=params["url"], upstream=fetch.wanted(), **common)
+            fetch = CacheFetch(
+                base_url=params["url"],
+                upstream=fetch.wanted(),
+                manifest_sha256=params["manifest_sha256"] or "",
+                token=params["cache_token"] or "",
+                ca_cert=params["ca_cert"] or "",
+                **common,
+            )
     except WeightsError as err:
         module.fail_json(msg=str(err))
     if module.check_mode:
         module.exit_json(changed=fetch.needs_change(), path=str(fetch.target))
+    if source == "cache" and not params["manifest_sha256"]:
+        module.fail_json(
+            msg=f"model {params['name']}: no manifest_sha256 for the cache host's copy: "
+            "model_weights reads it on the cache host (is the cache play done?)"
+        )
     try:
         result = fetch.run()
     except WeightsError as err:

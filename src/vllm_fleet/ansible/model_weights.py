@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_fleet.weights.pins import REQUIRED, SOURCES, UPSTREAM, is_source, revision_problem
+from vllm_fleet.weights.pins import (
+    REQUIRED,
+    SOURCES,
+    UPSTREAM,
+    cache_token_problem,
+    is_source,
+    revision_problem,
+)
 
 PATTERN_KEYS = ("allow_patterns", "ignore_patterns")
 
@@ -86,9 +93,28 @@ def token_for(args: dict[str, Any], tokens: dict[str, str]) -> str | None:
     return None
 
 
+def cache_models(names: list[str], catalog: dict[str, Any], cache_url: str = "") -> list[str]:
+    """Which of names this host fetches from the cache host."""
+    return [n for n in names if fetch_args(n, catalog, cache_url)["source"] == "cache"]
+
+
+def manifest_pins(stats: dict[str, Any]) -> dict[str, str]:
+    """model -> the sha256 of the cache host's own manifest, from the role's looped stat of
+    them on the cache host (``{results: [{item: model, stat: {exists, checksum}}]}``)."""
+    pins = {}
+    for result in stats.get("results", []):
+        stat = result.get("stat") or {}
+        if stat.get("exists") and stat.get("checksum"):
+            pins[str(result["item"])] = str(stat["checksum"])
+    return pins
+
+
 FILTERS = {
     "model_weights_spec_problems": spec_problems,
     "model_weights_fleet_models": fleet_models,
     "model_weights_fetch_args": fetch_args,
     "model_weights_token_for": token_for,
+    "model_weights_cache_models": cache_models,
+    "model_weights_manifest_pins": manifest_pins,
+    "model_weights_cache_token_problem": cache_token_problem,
 }

@@ -24,6 +24,7 @@ from vllm_fleet.preflight.change_safety import check_fleet_change
 from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
 from vllm_fleet.preflight.firewall_peers import check_firewall_peers
 from vllm_fleet.preflight.key_rotation import check_fleet_keys
+from vllm_fleet.preflight.model_cache import check_model_cache
 from vllm_fleet.preflight.report import render_markdown
 from vllm_fleet.preflight.router_trust import check_open_control_planes
 
@@ -180,6 +181,7 @@ class PreflightAction(ActionBase):
         outcome.errors.extend(
             check_firewall_peers(hosts, peers, lambda name: fleet_address(name, all_hostvars))
         )
+        outcome.errors.extend(check_model_cache(hosts, task_vars["groups"].get("model_cache", [])))
         report = self._write_report(outcome, Path(args["report_dir"]))
         result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)

@@ -71,3 +71,26 @@ def revision_problem(name: str, source: str, revision: object) -> str:
     if is_pinned(source, revision):
         return ""
     return f"fleet_models.{name}.revision={revision!r} is not pinned for source={source}: {PINS[source].fix()}"
+
+
+# What nginx's map can hold as a literal key and a shell never needs quoting for: base64
+# (openssl rand -base64 32) or hex.
+CACHE_TOKEN_MIN = 32
+# "Bearer <token>" must fit one bucket of nginx's map hash (map_hash_bucket_size 256).
+CACHE_TOKEN_MAX = 200
+CACHE_TOKEN_CHARS = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=._-"
+)
+
+
+def cache_token_problem(token: object) -> str:
+    """Why fleet_model_cache_token cannot guard the cache ('' when it can); never its value."""
+    if not isinstance(token, str) or not token:
+        return "is not set"
+    if len(token) < CACHE_TOKEN_MIN:
+        return f"is {len(token)} characters long, fewer than {CACHE_TOKEN_MIN}"
+    if len(token) > CACHE_TOKEN_MAX:
+        return f"is {len(token)} characters long, more than {CACHE_TOKEN_MAX}"
+    if not set(token) <= CACHE_TOKEN_CHARS:
+        return "holds characters other than base64's (letters, digits, + / =) and . _ -"
+    return ""

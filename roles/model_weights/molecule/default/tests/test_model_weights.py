@@ -11,6 +11,8 @@ from tests.molecule_hosts import podman_host
 testinfra_hosts = ["podman://vf-model-weights"]
 
 ROOT = Path(__file__).resolve().parents[5]
+SCENARIO = yaml.safe_load((Path(__file__).resolve().parents[1] / "molecule.yml").read_text())
+TOKEN = SCENARIO["provisioner"]["inventory"]["group_vars"]["all"]["fleet_model_cache_token"]
 REVISION = yaml.safe_load((ROOT / "inventories/lab/group_vars/all/models.yml").read_text())[
     "fleet_models"
 ]["smollm2-135m"]["revision"]
@@ -90,7 +92,7 @@ def test_the_hf_model_came_from_the_cache_host_with_its_hub_provenance(host, com
     assert data["source"] == "hf"
     assert data["repo"] == "lab/smollm2"
     assert data["revision"] == commit
-    assert data["via"] == f"http://vf-model-cache:8090/smollm2-hf/{commit}"
+    assert data["via"] == f"https://vf-model-cache:8090/smollm2-hf/{commit}"
     assert host.file(f"{HF_ROOT}/current").linked_to == f"{HF_ROOT}/{commit}"
     # The same bytes as the mirror's copy: both verified against their own hashes.
     mirrored = {f["path"]: f["sha256"] for f in manifest(host)["files"]}
@@ -124,20 +126,58 @@ def test_the_cache_serves_on_its_own_address_only(cache):
     assert ours == [f"{address_of(cache)}:8090"]  # never nginx's default site on :80
 
 
+CA = "/etc/vllm-fleet/tls/ca.crt"
+
+
+def status(node, url, *args):
+    """The HTTP status curl gets trusting the fleet CA only; the token goes in a header file."""
+    node.check_output(f"umask 077 && printf 'Authorization: Bearer %s\\n' {TOKEN} > /root/vf-auth")
+    return node.check_output(
+        f"curl -s -o /dev/null -w '%{{http_code}}' --cacert {CA} {' '.join(args)} {url}"
+    )
+
+
 def test_the_cache_serves_only_installed_revisions(cache, commit):
     staged = "/srv/model-cache/smollm2-hf/.staging-x"
     cache.check_output(f"mkdir -p {staged} && echo t > {staged}/f")
-    base = f"http://{address_of(cache)}:8090/smollm2-hf"
-    code = "curl -s -o /dev/null -w '%{{http_code}}' {}"
+    base = f"https://{address_of(cache)}:8090/smollm2-hf"
     try:
-        assert cache.check_output(code.format(f"{base}/.staging-x/f")) == "404"
-        assert cache.check_output(code.format(f"{base}/{commit}/config.json")) == "200"
-        assert cache.check_output(code.format(f"-X PUT {base}/{commit}/x")) == "403"
+        assert status(cache, f"{base}/.staging-x/f", "-H @/root/vf-auth") == "404"
+        assert status(cache, f"{base}/{commit}/config.json", "-H @/root/vf-auth") == "200"
+        assert status(cache, f"{base}/{commit}/x", "-X PUT -H @/root/vf-auth") == "403"
     finally:
         cache.check_output(f"rm -rf {staged}")
 
 
-def test_the_fetch_reported_its_progress_in_the_journal(host, commit):
-    log = host.check_output("journalctl -t ansible-vllm_fleet_weights --no-pager -o cat")
-    line = next(x for x in log.splitlines() if f"fetch smollm2-hf@{commit[:12]} from cache" in x)
-    assert " MB/s eta " in line
+def test_the_cache_serves_no_one_without_its_token(host, cache, commit):
+    """From the engine host: no token, another token, the token in the query string, the
+    token as Basic auth: 401 for every file, the manifest and the gated model's weights."""
+    url = f"https://vf-model-cache:8090/smollm2-hf/{commit}"
+    for path in (".vllm-fleet-manifest.json", "model.safetensors", "", "../"):
+        assert status(host, f"{url}/{path}") == "401", path
+        assert status(host, f"{url}/{path}", "-H 'Authorization: Bearer wrong'") == "401"
+        assert status(host, f"'{url}/{path}?token={TOKEN}'") == "401"
+        assert status(host, f"{url}/{path}", f"-u reader:{TOKEN}") == "401"
+    assert status(host, f"{url}/model.safetensors", "-H @/root/vf-auth") == "200"
+
+
+def test_the_token_is_root_only_on_the_cache_and_nowhere_in_its_site(cache):
+    readers = cache.file("/etc/nginx/vllm-fleet-model-cache-readers.conf")
+    assert (readers.user, readers.group, readers.mode) == ("root", "root", 0o600)
+    site = cache.file("/etc/nginx/sites-enabled/vllm-fleet-model-cache")
+    assert TOKEN not in site.content_string
+    assert (
+        TOKEN not in cache.file("/var/log/nginx/vllm-fleet-model-cache.access.log").content_string
+    )
+
+
+def test_the_cache_speaks_only_tls_with_a_certificate_from_the_fleet_ca(host, commit):
+    """From the engine host: plain HTTP on the port is refused (400), a client trusting the
+    system's CAs (not the fleet's) fails the handshake, the fleet CA's passes."""
+    url = f"vf-model-cache:8090/smollm2-hf/{commit}/config.json"
+    assert status(host, f"http://{url}", "-H @/root/vf-auth") == "400"
+    system_trust = host.run(
+        f"curl -s -o /dev/null -H @/root/vf-auth --capath /etc/ssl/certs https://{url}"
+    )
+    assert system_trust.rc == 60, system_trust  # curl: peer certificate cannot be authenticated
+    assert status(host, f"https://{url}", "-H @/root/vf-auth") == "200"
