@@ -85,6 +85,7 @@ bench-check: venv ## make test-all's last layer, on the lab e2e-all leaves up: e
 	$(BIN)/python bench/hash_bench.py --gib 0.1
 	$(BIN)/python bench/router_bench.py --questions 6
 	$(BIN)/python bench/upgrade_bench.py
+	$(BIN)/python bench/connection_bench.py --rounds 2 --tasks 12
 
 bench-router: venv ## on the lab: router overhead; prefix-cache hits per policy vs ideal
 	$(BIN)/python bench/router_bench.py

@@ -72,6 +72,15 @@ DOCUMENTATION = """
           - name: ansible_podman_executable
         env:
           - name: ANSIBLE_PODMAN_EXECUTABLE
+      exec_via:
+        description:
+          - C(runc) execs through runc itself where the container runs under runc as root (else
+            through podman); C(podman) always through C(podman exec) (bench/connection_bench.py
+            compares the two).
+        default: runc
+        choices: [runc, podman]
+        vars:
+          - name: ansible_vllm_fleet_podman_exec_via
 """
 
 display = Display()
@@ -126,9 +135,14 @@ class Connection(PodmanConnection):
         if self._runc_id is not None:
             return self._runc_id
         name = str(self._container_id)
-        if self.user or os.geteuid() != 0 or shutil.which("runc") is None:
-            return None
-        if not SAFE_NAME.match(name):
+        runc_can = (
+            self.get_option("exec_via") == "runc"
+            and not self.user
+            and os.geteuid() == 0
+            and shutil.which("runc") is not None
+            and SAFE_NAME.match(name) is not None
+        )
+        if not runc_can:
             return None
         cache = os.path.join(_id_cache_dir(), name)
         try:
