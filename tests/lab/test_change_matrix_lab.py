@@ -51,7 +51,6 @@ from tests.support.lab import (
     ATTACKS,
     CACHE,
     ENGINES,
-    MATRIX,
     MATRIX_HEADER,
     ROOT,
     AttackRow,
@@ -60,6 +59,7 @@ from tests.support.lab import (
     engine_settings,
     in_host,
     playbook,
+    record_matrix_row,
 )
 from vllm_fleet.lab.client_load import ClientLoad, LoadStats
 from vllm_fleet.lab.paths import LabPaths
@@ -201,7 +201,7 @@ class Matrix:
             rerun_changed,
             len(names),
         )
-        MATRIX.append(row)
+        record_matrix_row(row)
         print(f"\n{MATRIX_HEADER}\n{row.line()}")
         if run.returncode == 0:
             self.inventory = target

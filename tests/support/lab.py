@@ -222,3 +222,15 @@ MATRIX_HEADER = (
     f"{'change':32s} | {'playbook':11s} | {'secs':>5s} | requests ok/failed | "
     "streams ok/cut | min engines serving | verify | rerun changed"
 )
+# Each row as it is recorded: a run that is stopped or killed before its summary (the whole
+# matrix takes hours) keeps the figures of the rows it finished.
+MATRIX_REPORT = ROOT / "reports" / "change-matrix.txt"
+
+
+def record_matrix_row(row: MatrixRow) -> None:
+    if not MATRIX:
+        MATRIX_REPORT.parent.mkdir(parents=True, exist_ok=True)
+        MATRIX_REPORT.write_text(f"{MATRIX_HEADER}\n")
+    MATRIX.append(row)
+    with MATRIX_REPORT.open("a") as report:
+        report.write(f"{row.line()}\n")
