@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from typing import BinaryIO
 
 from ansible.errors import AnsibleError
 from ansible.module_utils.common.text.converters import to_bytes, to_native
@@ -130,10 +131,14 @@ class Connection(PodmanConnection):
             PodmanConnection._connect(self)
             self._mounted_once = True
 
-    def _runc_target(self) -> str | None:
-        """The container's ID when runc can exec into it directly, else None (use podman)."""
-        if self._runc_id is not None:
+    def _runc_target(self, fresh: bool = False) -> str | None:
+        """The container's ID when runc can exec into it directly, else None (use podman).
+
+        fresh: ask podman again instead of trusting the cached ID (runc could not exec with it).
+        """
+        if self._runc_id is not None and not fresh:
             return self._runc_id
+        self._runc_id = None
         name = str(self._container_id)
         runc_can = (
             self.get_option("exec_via") == "runc"
@@ -145,11 +150,15 @@ class Connection(PodmanConnection):
         if not runc_can:
             return None
         cache = os.path.join(_id_cache_dir(), name)
-        try:
-            with open(cache, encoding="ascii") as cached:
-                container_id = cached.read().strip()
-        except OSError:
-            container_id = ""
+        container_id = ""
+        if not fresh:
+            try:
+                with open(cache, encoding="ascii") as cached:
+                    container_id = cached.read().strip()
+            except OSError:
+                pass
+        # A state file alone does not prove the ID current: a container removed without
+        # runc's cleanup leaves one behind, and a new one under the same name has a new ID.
         if not (container_id and _running_under_runc(container_id)):
             # A new container under the same name (the lab rebuilt), or the first call.
             rc, out, _ = self._podman(
@@ -182,19 +191,39 @@ class Connection(PodmanConnection):
         stdout, stderr = proc.communicate(input=in_data)
         return proc.returncode, stdout, stderr
 
+    def _via_runc(
+        self, argv: list[str], in_data: bytes | None = None, source: BinaryIO | None = None
+    ) -> tuple[int, bytes, bytes] | None:
+        """Run argv through runc; None when runc cannot exec into the container (use podman).
+
+        A failed exec with the cached ID asks podman for the current ID once and tries again:
+        the cache can name a container that was removed and recreated under the same name.
+        """
+        for fresh in (False, True):
+            container_id = self._runc_target(fresh=fresh)
+            if container_id is None:
+                return None
+            if source is not None:
+                source.seek(0)
+            rc, stdout, stderr = self._runc(container_id, argv, stdin=source, in_data=in_data)
+            if not (rc != 0 and RUNC_FAILED.search(stderr)):
+                return rc, stdout, stderr
+            display.vvv(
+                f"runc could not exec: {to_native(stderr).strip()}", host=str(self._container_id)
+            )
+        # The container stopped: let podman run it and say so, as it would have.
+        self._runc_id = None
+        return None
+
     @ensure_connect
     def exec_command(
         self, cmd: str, in_data: bytes | None = None, sudoable: bool = False
     ) -> tuple[int, bytes, bytes]:
         argv = shlex.split(to_native(cmd, errors="surrogate_or_strict"))
-        container_id = self._runc_target()
-        if container_id is not None:
-            ConnectionBase.exec_command(self, cmd, in_data=in_data, sudoable=sudoable)
-            rc, stdout, stderr = self._runc(container_id, argv, in_data=in_data or b"")
-            if not (rc != 0 and RUNC_FAILED.search(stderr)):
-                return rc, stdout, stderr
-            # The container stopped since: let podman say so, as it would have.
-            self._runc_id = None
+        ConnectionBase.exec_command(self, cmd, in_data=in_data, sudoable=sudoable)
+        result = self._via_runc(argv, in_data=in_data or b"")
+        if result is not None:
+            return result
         if in_data is None:
             return super().exec_command(cmd, in_data=None, sudoable=sudoable)
         ConnectionBase.exec_command(self, cmd, in_data=in_data, sudoable=sudoable)
@@ -204,17 +233,15 @@ class Connection(PodmanConnection):
         return self._podman(args, argv, in_data)
 
     def put_file(self, in_path: str, out_path: str) -> None:
-        container_id = self._runc_target()
-        if container_id is None:
+        ConnectionBase.put_file(self, in_path, out_path)
+        with open(to_bytes(in_path, errors="surrogate_or_strict"), "rb") as source:
+            display.vvv(f"PUT {in_path} TO {out_path}", host=str(self._container_id))
+            result = self._via_runc(["/bin/sh", "-c", 'cat > "$1"', "sh", out_path], source=source)
+        if result is None:
             self._mounted()
             super().put_file(in_path, out_path)
             return
-        ConnectionBase.put_file(self, in_path, out_path)
-        display.vvv(f"PUT {in_path} TO {out_path}", host=str(self._container_id))
-        with open(to_bytes(in_path, errors="surrogate_or_strict"), "rb") as source:
-            rc, _, stderr = self._runc(
-                container_id, ["/bin/sh", "-c", 'cat > "$1"', "sh", out_path], stdin=source
-            )
+        rc, _, stderr = result
         if rc != 0:
             raise AnsibleError(
                 f"Failed to copy {in_path} to {out_path} in {self._container_id}: "
@@ -222,14 +249,14 @@ class Connection(PodmanConnection):
             )
 
     def fetch_file(self, in_path: str, out_path: str) -> None:
-        container_id = self._runc_target()
-        if container_id is None:
+        ConnectionBase.fetch_file(self, in_path, out_path)
+        display.vvv(f"FETCH {in_path} TO {out_path}", host=str(self._container_id))
+        result = self._via_runc(["cat", "--", in_path])
+        if result is None:
             self._mounted()
             super().fetch_file(in_path, out_path)
             return
-        ConnectionBase.fetch_file(self, in_path, out_path)
-        display.vvv(f"FETCH {in_path} TO {out_path}", host=str(self._container_id))
-        rc, stdout, stderr = self._runc(container_id, ["cat", "--", in_path])
+        rc, stdout, stderr = result
         if rc != 0:
             raise AnsibleError(
                 f"Failed to fetch {in_path} from {self._container_id}: {to_native(stderr).strip()}"
