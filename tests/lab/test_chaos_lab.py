@@ -325,6 +325,11 @@ def served_after(load: ClientLoad, at: float) -> bool:
     return any(r.ok and r.started > at for r in load.stats.requests)
 
 
+def served_one(load: ClientLoad) -> bool:
+    """A request of the load has been served: a fault from now on falls inside the load."""
+    return any(r.ok for r in load.stats.requests)
+
+
 def assert_router_failover_bound(row: ChaosRow, fault_at: float, serving_at: float) -> None:
     """Two routers behind the VIP: a router's death costs at most the requests in flight on
     it at that instant (the clients retry as the OpenAI SDK does: only a stream already
@@ -893,6 +898,7 @@ def test_mirror_unreachable_during_a_site_yml_fetch(chaos, revision_b, tmp_path)
             "the role's fetch under way",
         )
         assert not run.done(), f"the run ended first: {run.result().output[-3000:]}"
+        wait_until(lambda: served_one(load), 60, "the load served a request")
         started = time.monotonic()
         in_host("router01", "systemctl", "stop", MIRROR_UNIT)
         try:
@@ -970,6 +976,9 @@ def test_disk_full_during_a_fetch(chaos, revision_b):
     with small_model_disk(host), mirror_throttled(), clients() as load:
         fetch = start_fetch(host, revision_b)
         wait_until(lambda: staged_bytes(host, revision_b) > 20e6, 60, "the fetch under way")
+        # The fetch can get that far before the first completion ends (a fast controller):
+        # the disk fills only once the load has served, so the fault falls inside it.
+        wait_until(lambda: served_one(load), 60, "the load served a request")
         started = time.monotonic()
         # Something else (logs, a core dump) takes the rest of the disk mid-fetch.
         fill = "fallocate -l $(($(df -B1 --output=avail /srv/models | tail -1) - 1048576))"
