@@ -2,11 +2,10 @@
 
 import pytest
 
-from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, url_host
+from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, router_targets, url_host
 from vllm_fleet.ansible.engine_watchdog import FILTERS as WATCHDOG
 from vllm_fleet.ansible.fleet_defaults import FILTERS as FLEET
 from vllm_fleet.ansible.vllm_engine import FILTERS as ENGINE
-from vllm_fleet.ansible.vllm_engine import router_targets
 
 HOSTVARS = {
     "router01": {"fleet_address": "10.89.0.10", "ansible_host": "mgmt-router01"},
@@ -31,11 +30,27 @@ def test_an_ipv6_address_is_bracketed_in_urls():
     assert [t["url"] for t in targets] == ["http://[fd00::4]:30000", "http://10.89.0.10:30000"]
 
 
+def test_routers_that_speak_tls_are_called_over_https_trusting_the_fleet_ca():
+    ca = "/etc/vllm-fleet/tls/ca.crt"
+    # Ansible hands a templated boolean over as a string.
+    for tls in (True, "True"):
+        [target] = router_targets(["fd00::4"], "sglang", "30000", tls, ca)
+        assert target == {"impl": "sglang", "url": "https://[fd00::4]:30000", "ca_file": ca}
+    for plain in (False, "False"):
+        [target] = router_targets(["10.89.0.10"], "sglang", 30000, plain, ca)
+        assert target == {"impl": "sglang", "url": "http://10.89.0.10:30000"}
+
+
 def test_engines_and_watchdogs_reach_the_routers_at_the_same_addresses():
     routers = list(HOSTVARS)
     assert ENGINE["vllm_engine_addresses"](routers, HOSTVARS) == WATCHDOG[
         "engine_watchdog_addresses"
     ](routers, HOSTVARS)
+    addresses = fleet_addresses(routers, HOSTVARS)
+    ca = "/etc/vllm-fleet/tls/ca.crt"
+    assert ENGINE["vllm_engine_router_targets"](addresses, "sglang", 30000, True, ca) == WATCHDOG[
+        "engine_watchdog_router_targets"
+    ](addresses, "sglang", 30000, True, ca)
 
 
 FACTS = {

@@ -10,20 +10,46 @@ from vllm_fleet.ansible.host_tls import ca_certificate, identity, issue, renewal
 from vllm_fleet.tls.ca import CA_KEY, init_ca
 
 
-def test_a_certificate_names_the_host_and_the_address_the_fleet_reaches_it_on():
+def test_a_certificate_names_the_host_the_address_the_fleet_reaches_it_on_and_the_loopback():
     hostvars = {
         "engine01": {"fleet_address": "10.0.0.21", "ansible_host": "203.0.113.7"},
         "engine02": {"ansible_host": "engine02.fleet.example"},
         "engine03": {"fleet_address": "fd00::23"},
         "engine04": {},
     }
-    assert identity("engine01", hostvars) == {"names": ["engine01"], "addresses": ["10.0.0.21"]}
-    assert identity("engine02", hostvars) == {
-        "names": ["engine02", "engine02.fleet.example"],
-        "addresses": [],
+    loopback = ["127.0.0.1"]
+    assert identity("engine01", hostvars) == {
+        "names": ["engine01", "localhost"],
+        "addresses": ["10.0.0.21", *loopback],
     }
-    assert identity("engine03", hostvars) == {"names": ["engine03"], "addresses": ["fd00::23"]}
-    assert identity("engine04", hostvars) == {"names": ["engine04"], "addresses": []}
+    assert identity("engine02", hostvars) == {
+        "names": ["engine02", "engine02.fleet.example", "localhost"],
+        "addresses": loopback,
+    }
+    assert identity("engine03", hostvars)["addresses"] == ["fd00::23", *loopback]
+    assert identity("engine04", hostvars) == {
+        "names": ["engine04", "localhost"],
+        "addresses": loopback,
+    }
+
+
+def test_a_router_hosts_certificate_names_the_vip_its_clients_reach_it_on():
+    router = {"vip": {"address": "10.0.0.100"}}
+    hostvars = {
+        "router01": {
+            "fleet_address": "10.0.0.10",
+            "group_names": ["routers"],
+            "fleet_router": router,
+        },
+        # The same inventory setting on an engine host names no VIP: it holds none.
+        "engine01": {
+            "fleet_address": "10.0.0.21",
+            "group_names": ["engines"],
+            "fleet_router": router,
+        },
+    }
+    assert identity("router01", hostvars)["addresses"] == ["10.0.0.10", "10.0.0.100", "127.0.0.1"]
+    assert identity("engine01", hostvars)["addresses"] == ["10.0.0.21", "127.0.0.1"]
 
 
 def test_a_ca_that_cannot_be_used_fails_the_task_with_the_reason(tmp_path):

@@ -89,3 +89,22 @@ def test_keys_come_from_the_units_credentials_before_the_environment(tmp_path):
     )
     assert control_keys_from(str(tmp_path)) == CONTROL
     assert control_keys_from(None) == []
+
+
+def test_tls_takes_the_certificate_and_key_from_the_units_credentials(tmp_path):
+    from vllm_fleet.router.launch import tls_kwargs
+
+    tls = {"cert": "tls.crt", "key": "tls.key", "cert_sha256": "ab" * 32}
+    settings = {**config("sglang"), "tls": tls}
+    assert tls_kwargs(config("sglang"), str(tmp_path)) == {}
+    # No credentials (the unit lost its LoadCredential=): no plain-HTTP fallback.
+    with pytest.raises(SystemExit, match="refusing to serve plain HTTP"):
+        tls_kwargs(settings, None)
+    (tmp_path / "tls.crt").write_text("cert")
+    with pytest.raises(SystemExit, match=r"tls\.key is missing"):
+        tls_kwargs(settings, str(tmp_path))
+    (tmp_path / "tls.key").write_text("key")
+    assert tls_kwargs(settings, str(tmp_path)) == {
+        "server_cert_path": str(tmp_path / "tls.crt"),
+        "server_key_path": str(tmp_path / "tls.key"),
+    }

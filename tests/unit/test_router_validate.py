@@ -16,8 +16,10 @@ from tests.support.paths import ROOT
 from tests.support.playbook import run_play
 
 RELEASES = yaml.safe_load((ROOT / "catalog/routers.yml").read_text())["fleet_router_releases"]
-# What an inventory running vllm-router must say (its worker endpoints take no key).
-ACCEPTED = {"accept_unauthenticated_control": True}
+# What an inventory running vllm-router must say (its worker endpoints take no key, and its
+# client port has no TLS).
+ACCEPTED = {"accept_unauthenticated_control": True, "plain_http": True}
+CA_DIR = "/srv/vllm-fleet/ca"
 MODELS = {
     "smollm2-135m": {"served_name": "smollm2"},
     "smollm2-360m": {"served_name": "smollm2-big"},
@@ -30,6 +32,7 @@ def validate(
     fleet_router: dict[str, object],
     engines: dict[str, list[dict[str, object]]] | None = None,
     expect_multi_model: bool | None = None,
+    ca_dir: str = CA_DIR,
 ) -> subprocess.CompletedProcess[str]:
     """The role's validation on router01; ``engines``: engine host -> its groups (an
     inventory with them, models from MODELS)."""
@@ -39,6 +42,7 @@ def validate(
         "fleet_router_client_key": "client-key-0123456789",
         "fleet_router_control_key": "control-key-0123456789",
         "fleet_models": MODELS,
+        "fleet_ca_dir": ca_dir,
     }
     (tmp_path / "vars.yml").write_text(yaml.safe_dump(variables))
     inventory = "router01,"
@@ -86,6 +90,25 @@ def validate(
 def test_the_defaults_pass(tmp_path):
     run = validate(tmp_path, {})
     assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_a_fleet_without_a_ca_is_refused_unless_plain_http_is_said(tmp_path):
+    run = validate(tmp_path, {}, ca_dir="")
+    assert run.returncode != 0
+    assert (
+        "host router01: fleet_ca_dir is not set, so this router's client port (clients' prompts "
+        "and key, the engine hosts' control keys) would speak plain HTTP"
+    ) in " ".join(run.stdout.split())
+    assert validate(tmp_path, {"plain_http": True}, ca_dir="").returncode == 0
+
+
+def test_a_router_without_a_tls_listener_is_refused_where_the_fleet_has_a_ca(tmp_path):
+    settings = {"impl": "vllm", "bind_address": "10.0.0.1", "accept_unauthenticated_control": True}
+    run = validate(tmp_path, settings)
+    assert run.returncode != 0
+    assert (
+        "host router01: fleet_router.impl=vllm cannot serve TLS (vllm-router-0.1.17 has no TLS listener"
+    ) in " ".join(run.stdout.split())
 
 
 @pytest.mark.parametrize(("retries", "breaker"), [(2, 2), (3, 5)])

@@ -37,24 +37,32 @@ def role_value(name, fleet_router):
     return environment().from_string(VERIFY_DEFAULTS[name]).render(fleet_verify_router=fleet_router)
 
 
-def router_address_values(fleet_router, hosts):
-    """fleet_verify_router_port/_address/_members as Ansible would template them."""
+def router_address_values(fleet_router, hosts, tls=False):
+    """fleet_verify_router_port/_address/_members/_url/_ca_file as Ansible would template them."""
     env = jinja2.nativetypes.NativeEnvironment(undefined=jinja2.StrictUndefined)
     env.filters["regex_replace"] = lambda value, pattern, repl: re.sub(pattern, repl, value)
+    env.filters["bool"] = bool
     env.filters.update(FILTERS)
-    values = {"fleet_verify_router": fleet_router, "fleet_verify_router_hosts": hosts}
+    values = {
+        "fleet_verify_router": fleet_router,
+        "fleet_verify_router_hosts": hosts,
+        "fleet_router_tls": tls,
+        "fleet_tls_ca_cert": "/etc/vllm-fleet/tls/ca.crt",
+    }
     for name in (
         "fleet_verify_router_port",
         "fleet_verify_router_address",
         "fleet_verify_router_members",
+        "fleet_verify_router_url",
+        "fleet_verify_router_ca_file",
     ):
         values[name] = env.from_string(VERIFY_DEFAULTS[name]).render(values)
     return values
 
 
-def render_verify_json(fleet_router, hosts=("router01",)):
+def render_verify_json(fleet_router, hosts=("router01",), tls=False):
     context = {name: role_value(name, fleet_router) for name in MIRRORED}
-    context |= router_address_values(fleet_router, list(hosts))
+    context |= router_address_values(fleet_router, list(hosts), tls)
     context |= {
         "fleet_verify_models": {"smollm2-135m": {"served_name": "smollm2"}},
         "fleet_verify_engines": [
@@ -98,6 +106,16 @@ def test_behind_a_vip_clients_use_it_and_every_router_is_checked_at_its_own_addr
     vip = render_verify_json({"vip": {"address": "10.89.0.100"}}, hosts=("router01", "router02"))
     assert vip.router.url == "http://10.89.0.100:30000"
     assert vip.router.members == ["http://router01:30000", "http://router02:30000"]
+    assert vip.router.ca_file is None
+
+
+def test_routers_that_speak_tls_are_verified_over_https_trusting_the_fleet_ca():
+    vip = render_verify_json(
+        {"vip": {"address": "fd00::100"}}, hosts=("router01", "fd00::11"), tls=True
+    )
+    assert vip.router.url == "https://[fd00::100]:30000"
+    assert vip.router.members == ["https://router01:30000", "https://[fd00::11]:30000"]
+    assert vip.router.ca_file == "/etc/vllm-fleet/tls/ca.crt"
 
 
 def test_argument_specs_document_the_mirrored_settings():

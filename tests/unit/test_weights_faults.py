@@ -16,11 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from tests.support.tls import host_certificate
 from tests.unit.conftest import make_model
 from vllm_fleet.tls.ca import CA_CERT, FleetCa, init_ca, load_ca
 from vllm_fleet.weights.base import CURRENT_LINK, MANIFEST_NAME, DiskFullError, WeightsError
@@ -351,23 +348,9 @@ def test_the_cache_token_goes_to_the_cache_and_a_missing_one_is_named(
 def serve_tls(state: RangeServer, ca: FleetCa, tmp_path: Path) -> http.server.HTTPServer:
     """The same files over HTTPS, with a certificate ``ca`` issued for 127.0.0.1 (as nginx
     serves the cache with the host's certificate from host_tls)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    csr = (
-        x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cache01")]))
-        .sign(key, hashes.SHA256())
-        .public_bytes(serialization.Encoding.PEM)
-    )
-    (tmp_path / "host.crt").write_bytes(ca.issue(csr, ["cache01"], ["127.0.0.1"]))
-    (tmp_path / "host.key").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
+    cert, key = host_certificate(ca, tmp_path, ["cache01"], ["127.0.0.1"])
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(tmp_path / "host.crt", tmp_path / "host.key")
+    context.load_cert_chain(cert, key)
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
     httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()

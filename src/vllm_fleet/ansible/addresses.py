@@ -65,3 +65,31 @@ def bind_address(host: str, hostvars: Mapping[str, Any], facts: Mapping[str, Any
         f"({', '.join(sorted(own)) or 'none'}) and it has no default IPv4 route. Set "
         "fleet_address to the host's private address."
     )
+
+
+def router_url(address: str, port: int | str, tls: bool | str = False) -> str:
+    """A router's client URL at ``address``: https when the routers serve TLS (fleet_router_tls)."""
+    scheme = "https" if _truthy(tls) else "http"
+    return f"{scheme}://{url_host(address)}:{int(port)}"
+
+
+def router_targets(
+    addresses: list[str], impl: str, port: int | str, tls: bool | str = False, ca_file: str = ""
+) -> list[dict[str, str]]:
+    """The routers an engine host calls (joins, leaves, the watchdog's reconciliation): one
+    {impl, url} per router address, with the fleet CA's certificate that alone is trusted
+    when the routers serve TLS."""
+    targets = []
+    for address in addresses:
+        target = {"impl": str(impl), "url": router_url(address, port, tls)}
+        if _truthy(tls):
+            target["ca_file"] = str(ca_file)
+        targets.append(target)
+    return targets
+
+
+def _truthy(value: bool | str) -> bool:
+    # Ansible hands a templated boolean over as the string "True" or "False".
+    return value is True or (
+        isinstance(value, str) and value.strip().lower() in {"true", "yes", "1"}
+    )

@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, url_host
+from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, router_url, url_host
 
 
 def _commits(records: list[Mapping[str, Any]]) -> dict[str, str]:
@@ -64,4 +64,5 @@ FILTERS = {
     "fleet_verify_engines": verify_engines,
     "fleet_verify_addresses": fleet_addresses,
     "fleet_verify_url_host": url_host,
+    "fleet_verify_router_url": router_url,
 }

@@ -18,15 +18,27 @@ from vllm_fleet.tls.ca import CaError, FleetCa, load_ca, renewal_reason
 
 
 def identity(host: str, hostvars: Mapping[str, Any]) -> dict[str, list[str]]:
-    """What the host's certificate names: its inventory name, and the address the fleet
-    reaches it on (fleet_address, else ansible_host) as an IP address or a DNS name."""
+    """What the host's certificate names: its inventory name, the address the fleet reaches
+    it on (fleet_address, else ansible_host) as an IP address or a DNS name, a router host's
+    VIP (clients reach whichever router holds it there), and the loopback the host's own
+    checks call its listeners on."""
     names, addresses = [host], []
-    address = fleet_address(host, hostvars)
-    try:
-        addresses.append(str(ipaddress.ip_address(address)))
-    except ValueError:
-        if address not in names:
-            names.append(address)
+    own = hostvars[host]
+    candidates = [fleet_address(host, hostvars)]
+    router = own.get("fleet_router")
+    vip = router.get("vip") if isinstance(router, dict) else None
+    if "routers" in own.get("group_names", []) and isinstance(vip, dict) and vip.get("address"):
+        candidates.append(str(vip["address"]))
+    candidates += ["localhost", "127.0.0.1"]
+    for address in candidates:
+        try:
+            ip = str(ipaddress.ip_address(address))
+        except ValueError:
+            if address not in names:
+                names.append(address)
+        else:
+            if ip not in addresses:
+                addresses.append(ip)
     return {"names": names, "addresses": addresses}
 
 

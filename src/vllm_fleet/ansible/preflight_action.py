@@ -26,6 +26,7 @@ from vllm_fleet.preflight.firewall_peers import check_firewall_peers
 from vllm_fleet.preflight.key_rotation import check_fleet_keys
 from vllm_fleet.preflight.model_cache import check_model_cache
 from vllm_fleet.preflight.report import render_markdown
+from vllm_fleet.preflight.router_tls import check_router_tls, check_scheme_change
 from vllm_fleet.preflight.router_trust import check_open_control_planes
 
 # What preflight's own tasks register or read as facts. Every inventory variable, the fleet's
@@ -44,6 +45,8 @@ READ = (
     "ansible_host",
 )  # fmt: skip
 PREFIXES = {"fleet", "vllm", "model", "engine", "preflight"}
+# What decides whether the routers' client port speaks HTTPS (vllm_fleet.preflight.router_tls).
+TLS_KEYS = ("fleet_router", "fleet_ca_dir")
 
 
 def role_variables(roles_dir: Path) -> set[str]:
@@ -182,6 +185,17 @@ class PreflightAction(ActionBase):
             check_firewall_peers(hosts, peers, lambda name: fleet_address(name, all_hostvars))
         )
         outcome.errors.extend(check_model_cache(hosts, task_vars["groups"].get("model_cache", [])))
+        # Fleet-wide too (a --limit run included): every router and engine host must agree
+        # on the routers' scheme.
+        engines = task_vars["groups"].get("engines", [])
+        outcome.errors.extend(
+            check_router_tls(
+                tls_settings(routers, all_hostvars, play_level),
+                tls_settings(engines, all_hostvars, play_level),
+                releases,
+            )
+        )
+        outcome.errors.extend(check_scheme_change(hosts, routers))
         report = self._write_report(outcome, Path(args["report_dir"]))
         result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)
@@ -213,6 +227,21 @@ def router_settings(
         else {}
         for name in routers
     }
+
+
+def tls_settings(
+    names: list[str],
+    all_hostvars: Mapping[str, Mapping[str, object]],
+    play_level: Mapping[str, object],
+) -> dict[str, dict[str, object]]:
+    """Host -> what decides its routers' scheme (fleet_router, fleet_ca_dir), as Ansible
+    renders it; play-level values win, as for every other check."""
+    settings = {}
+    for name in names:
+        own = {key: raw(all_hostvars[name], key) for key in TLS_KEYS if key in all_hostvars[name]}
+        own.update({key: play_level[key] for key in TLS_KEYS if key in play_level})
+        settings[name] = own
+    return settings
 
 
 def single_name_routers(

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 from ansible.errors import AnsibleFilterError
 
+from vllm_fleet.ansible.addresses import url_host
 from vllm_fleet.router.control_keys import host_generations, router_control_keys
 from vllm_fleet.router.vip import handover, peers, vip_problems
 
@@ -72,6 +73,7 @@ def router_addresses(
 
 FILTERS = {
     "router_addresses": router_addresses,
+    "router_url_host": url_host,
     "router_vip_peers": peers,
     "router_vip_problems": vip_problems,
     "router_vip_handover": handover,

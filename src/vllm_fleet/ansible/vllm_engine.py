@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, url_host
+from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, router_targets, url_host
 from vllm_fleet.deploy.rollout import restart_plan
 from vllm_fleet.router.control_keys import host_control_key
-
-
-def router_targets(hosts: list[str], impl: str, port: int | str) -> list[dict[str, str]]:
-    """The routers an engine group joins: one {impl, url} per router address."""
-    return [{"impl": str(impl), "url": f"http://{url_host(h)}:{int(port)}"} for h in hosts]
 
 
 def router_engine_args(router: dict[str, object]) -> list[str]:

@@ -25,6 +25,8 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ConfigDict
 
+from vllm_fleet.tls.trust import TrustError, fleet_trust
+
 T = TypeVar("T")
 
 # Job states in which a queued sglang add may still register its worker.
@@ -36,6 +38,8 @@ class RouterTarget(BaseModel):
 
     impl: Literal["sglang", "vllm"]
     url: str
+    # The fleet CA's certificate: an https router is trusted by it alone (host_tls).
+    ca_file: str | None = None
 
 
 class RouterError(Exception):
@@ -74,7 +78,13 @@ class _HttpRouter:
     def __init__(self, target: RouterTarget, headers: dict[str, str], timeout: float) -> None:
         self.url = normalize_url(target.url)
         self._secrets: tuple[str | None, ...] = tuple(headers.values())
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        try:
+            verify = fleet_trust(self.url, target.ca_file)
+        except TrustError as err:
+            raise RouterError(f"router {self.url}: {err}") from None
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, verify=verify
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -245,12 +255,16 @@ class VllmRouterClient(_HttpRouter):
         return True
 
 
-def identify(url: str, timeout: float = 5.0) -> Literal["sglang", "vllm"] | None:
+def identify(
+    url: str, timeout: float = 5.0, ca_file: str | None = None
+) -> Literal["sglang", "vllm"] | None:
     """Which router answers at url: vllm-router lists its workers at ``GET /list_workers``
     (open), sglang-router has no such path (404). None: it did not say."""
     try:
-        status = httpx.get(f"{normalize_url(url)}/list_workers", timeout=timeout).status_code
-    except httpx.HTTPError:
+        verify = fleet_trust(url, ca_file)
+        response = httpx.get(f"{normalize_url(url)}/list_workers", timeout=timeout, verify=verify)
+        status = response.status_code
+    except (httpx.HTTPError, TrustError):
         return None
     return "vllm" if status == 200 else "sglang" if status == 404 else None
 
@@ -284,7 +298,7 @@ class DetectingRouterClient:
         except RouterUnreachable:
             raise  # asking again would only wait as long once more (a hung router)
         except RouterError:
-            found = identify(self._target.url, self._timeout)
+            found = identify(self._target.url, self._timeout, self._target.ca_file)
             if found is None or found == self._client_impl:
                 raise
         self._client.close()

@@ -48,6 +48,23 @@ def router_kwargs(
     return kwargs
 
 
+def tls_kwargs(config: dict[str, Any], credentials_dir: str | None) -> dict[str, str]:
+    """The client port's certificate and key (sglang's server_cert_path/server_key_path), from
+    the unit's credentials (LoadCredential=tls.crt/tls.key: the key stays root-only on disk)."""
+    tls = config.get("tls")
+    if not tls:
+        return {}
+    paths = {field: Path(credentials_dir or "") / str(tls[name]) for field, name in
+             (("server_cert_path", "cert"), ("server_key_path", "key"))}  # fmt: skip
+    missing = [str(p) for p in paths.values() if not credentials_dir or not p.is_file()]
+    if missing:
+        raise SystemExit(
+            f"router: TLS is on and {', '.join(missing)} is missing: the unit hands the host's "
+            "certificate and key over with LoadCredential= (host_tls); refusing to serve plain HTTP"
+        )
+    return {field: str(path) for field, path in paths.items()}
+
+
 def is_key_variable(name: str) -> bool:
     return name == CLIENT_KEY_ENV
 
@@ -88,6 +105,7 @@ def main(argv: list[str]) -> int:
     config = json.loads(Path(argv[0]).read_text())
     credentials = os.environ.get("CREDENTIALS_DIRECTORY")
     keys = keys_from(credentials, dict(os.environ))
+    config["router_args"] = {**config["router_args"], **tls_kwargs(config, credentials)}
     args = build_args(config, keys, control_keys_from(credentials))
     # Out of the environment, so nothing the router spawns inherits them.
     for name in [n for n in os.environ if is_key_variable(n)]:

@@ -6,11 +6,14 @@ Keys come from the environment only, so they never show up in ``ps`` or shell hi
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from vllm_fleet.tls.trust import fleet_trust
 
 ENGINE_KEY_VAR = "VLLM_FLEET_ENGINE_API_KEY"
 CLIENT_KEY_VAR = "VLLM_FLEET_CLIENT_API_KEY"
@@ -63,6 +66,8 @@ class RouterSpec(_Strict):
     # Behind a VIP: each router at its own address; every one must serve, since any of them
     # may hold the VIP next.
     members: list[str] = Field(default_factory=list)
+    # The fleet CA's certificate, trusted alone when the routers serve https (host_tls).
+    ca_file: str | None = None
     policy: str
     # The router cuts a request (503) that runs longer than this (fleet_router's
     # request_timeout_seconds): the cross-talk load must finish well inside it.
@@ -108,6 +113,13 @@ class VerifyConfig(_Strict):
     # Verify's own per-request timeout (fleet_verify_timeout): the deadline of direct engine
     # calls, and through a router the deadline when it is tighter than the router's.
     timeout_seconds: float = Field(default=120.0, gt=0.0)
+
+    def tls_verify(self) -> ssl.SSLContext | bool:
+        """httpx's `verify` for every client of a run: the fleet CA alone for an https router
+        (the engines' plain-http URLs ignore it)."""
+        if self.router is None:
+            return True
+        return fleet_trust(self.router.url, self.router.ca_file)
 
     @property
     def served_names(self) -> list[str]:

@@ -227,9 +227,10 @@ async def run_crosstalk(cfg: VerifyConfig, keys: ApiKeys) -> CheckResult:
     # serialise the load (and the wave's time would measure the pool, not the fleet).
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     timeout = httpx.Timeout(cfg.timeout_seconds)
+    verify = cfg.tls_verify()
     async with (
-        httpx.AsyncClient(limits=limits, timeout=timeout) as client,
-        httpx.AsyncClient(timeout=timeout) as sampler_client,
+        httpx.AsyncClient(limits=limits, timeout=timeout, verify=verify) as client,
+        httpx.AsyncClient(timeout=timeout, verify=verify) as sampler_client,
     ):
         baselines = await _baselines(client, cfg, endpoints, probes)
         baseline_s = time.perf_counter() - start

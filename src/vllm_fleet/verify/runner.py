@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import ValidationError
 
+from vllm_fleet.tls.trust import TrustError
 from vllm_fleet.verify.config import (
     CLIENT_KEY_VAR,
     ENGINE_KEY_VAR,
@@ -86,7 +87,8 @@ async def run_checks(
     checks: list[CheckResult] = []
     facts: dict[str, EngineFacts] = {}
     views = cfg.views()
-    async with httpx.AsyncClient(timeout=httpx.Timeout(cfg.timeout_seconds)) as client:
+    timeout = httpx.Timeout(cfg.timeout_seconds)
+    async with httpx.AsyncClient(timeout=timeout, verify=cfg.tls_verify()) as client:
         for view in views:
             qualifier = view.served_name if len(views) > 1 else None
             view_checks, view_facts = await _run_view(client, view, keys, qualifier)
@@ -131,7 +133,8 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_config(Path(args.config))
         keys = keys_from_env(cfg)
-    except (OSError, ValidationError, MissingKeyError) as err:
+        cfg.tls_verify()  # the fleet CA readable before any request
+    except (OSError, ValidationError, MissingKeyError, TrustError) as err:
         print(f"verify: {err}", file=sys.stderr)
         return 2
     started_at = datetime.now(UTC)

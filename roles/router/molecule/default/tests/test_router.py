@@ -1,7 +1,8 @@
-"""sglang-router in front of a real vLLM engine: keys, binds, registration, admission.
+"""sglang-router in front of a real vLLM engine: TLS, keys, binds, registration, admission.
 
 Client traffic comes from the engine's container over the scenario's network, as it would
-from any other host; the router is reached by name (vf-router) on its own address.
+from any other host; the router is reached by name (vf-router) on its own address, over
+HTTPS with its certificate from the fleet CA, which the clients trust alone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ ROUTER = "vf-router"
 ENGINE = "vf-router-engine"
 UNIT = "vllm-fleet-router.service"
 ENGINE_UNIT = "vllm-engine@g0.service"
-ROUTER_URL = f"http://{ROUTER}:30000"
+ROUTER_URL = f"https://{ROUTER}:30000"
+# The fleet CA's certificate on every host (host_tls); the router's own key stays root-only.
+CA = "/etc/vllm-fleet/tls/ca.crt"
+HOST_KEY = "/etc/vllm-fleet/tls/host.key"
 WORKER_URL = f"http://{ENGINE}:8100"
 CLIENT_KEY = "molecule-only-router-client-key-52e8c1"
 CONTROL_KEY = "molecule-only-router-control-key-a93f06"
@@ -39,7 +43,8 @@ def engine():
 
 def call(client, method, path, key=None, body=None):
     """(status, body) of a request to the router, sent from ``client``'s container."""
-    args = ["curl", "-s", "-m", "30", "-X", method, "-w", "\n%{http_code}", ROUTER_URL + path]
+    args = ["curl", "-s", "-m", "30", "--cacert", CA, "-X", method, "-w", "\n%{http_code}",
+            ROUTER_URL + path]  # fmt: skip
     if key is not None:
         args += ["-H", f"Authorization: Bearer {key}"]
     if body is not None:
@@ -114,6 +119,27 @@ def test_router_listens_on_its_own_address_only(router):
     fetch = "curl -s -m 5 -o /dev/null -w '%{{http_code}}' http://{}:29000/metrics"
     assert router.check_output(fetch.format(address)) == "200"
     assert router.run(fetch.format("127.0.0.1")).rc != 0  # connection refused
+
+
+def test_the_client_port_speaks_https_with_a_certificate_from_the_fleet_ca_alone(router, engine):
+    # Verified against the fleet CA, for the name the engine hosts call it by.
+    status, text = call(engine, "GET", "/liveness")
+    assert status == 200, text
+    # A client that trusts the system's CAs (not the fleet's) refuses the handshake: curl's
+    # exit 60 (the peer's certificate cannot be verified).
+    system = engine.run(f"curl -s -m 10 -o /dev/null https://{ROUTER}:30000/liveness")
+    assert system.rc == 60, (system.rc, system.stderr)
+    # Plain HTTP gets no HTTP answer on the client port.
+    plain = engine.run(
+        f"curl -s -m 10 -o /dev/null -w '%{{http_code}}' http://{ROUTER}:30000/liveness"
+    )
+    assert plain.stdout.strip() in ("", "000"), plain.stdout
+    # The router's user cannot read the host's key: systemd hands it a copy (LoadCredential=).
+    key = router.file(HOST_KEY)
+    assert (key.user, key.group, key.mode) == ("root", "root", 0o600)
+    unreadable = router.run(f"runuser -u vllm-router -- cat {HOST_KEY}")
+    assert unreadable.rc != 0
+    assert "BEGIN" not in router.file("/etc/vllm-fleet/router.json").content_string
 
 
 def test_engine_registered_itself_and_is_healthy(engine):
@@ -201,8 +227,9 @@ def test_a_started_engine_is_registered_when_start_returns(engine):
 
 
 ADMISSION = r"""
-import json, sys, threading, urllib.error, urllib.request
+import json, ssl, sys, threading, urllib.error, urllib.request
 url, key, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+trust = ssl.create_default_context(cafile=sys.argv[4])
 body = json.dumps({"model": "smollm2", "max_tokens": 48, "temperature": 0,
                    "messages": [{"role": "user", "content": "Count from one to fifty."}]}).encode()
 barrier, results = threading.Barrier(n), []
@@ -211,7 +238,7 @@ def ask():
         "Authorization": "Bearer " + key, "Content-Type": "application/json"})
     barrier.wait()
     try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
+        with urllib.request.urlopen(req, timeout=60, context=trust) as resp:
             results.append((resp.status, resp.headers.get("Retry-After")))
     except urllib.error.HTTPError as err:
         results.append((err.code, err.headers.get("Retry-After")))
@@ -225,7 +252,7 @@ print(json.dumps(results))
 def test_admission_refuses_the_excess_with_429(engine):
     # max_num_seqs 4 x admission_factor 2: the router admits 8 at once, refuses the rest.
     out = engine.check_output(
-        f"python3 -c {shlex.quote(ADMISSION)} {ROUTER_URL}/v1/chat/completions {CLIENT_KEY} 20"
+        f"python3 -c {shlex.quote(ADMISSION)} {ROUTER_URL}/v1/chat/completions {CLIENT_KEY} 20 {CA}"
     )
     results = json.loads(out)
     codes = [code for code, _ in results]
