@@ -108,3 +108,12 @@ def test_tls_takes_the_certificate_and_key_from_the_units_credentials(tmp_path):
         "server_cert_path": str(tmp_path / "tls.crt"),
         "server_key_path": str(tmp_path / "tls.key"),
     }
+
+
+def test_settings_the_launcher_does_not_know_stop_it(tmp_path):
+    from vllm_fleet.router.launch import main
+
+    settings = {**config("sglang"), "tls_v2": {"cert": "tls.crt"}}
+    (tmp_path / "router.json").write_text(json.dumps(settings))
+    with pytest.raises(SystemExit, match=r"does not know: \['tls_v2'\]"):
+        main([str(tmp_path / "router.json")])

@@ -26,6 +26,10 @@ CLIENT_KEY_ENV = "VLLM_FLEET_ROUTER_CLIENT_KEY"
 # the client key, and every control key the router accepts with its identity
 # (vllm_fleet.router.control_keys: the operator's and one per engine host).
 CREDENTIAL = "router.env"
+# What router.json holds (roles/router/templates/router.json.j2). Anything else is refused:
+# a launcher older than its settings would otherwise drop what it does not know (a "tls"
+# ignored is a router serving plain HTTP).
+SETTINGS = frozenset({"impl", "package", "router_args", "tls"})
 
 
 def router_kwargs(
@@ -103,6 +107,9 @@ def main(argv: list[str]) -> int:
         print("usage: python -m vllm_fleet.router.launch ROUTER.json", file=sys.stderr)
         return 2
     config = json.loads(Path(argv[0]).read_text())
+    unknown = sorted(set(config) - SETTINGS)
+    if unknown:
+        raise SystemExit(f"router: {argv[0]} holds settings this launcher does not know: {unknown}")
     credentials = os.environ.get("CREDENTIALS_DIRECTORY")
     keys = keys_from(credentials, dict(os.environ))
     config["router_args"] = {**config["router_args"], **tls_kwargs(config, credentials)}
