@@ -63,3 +63,20 @@ def test_a_ca_that_cannot_be_used_fails_the_task_with_the_reason(tmp_path):
     with pytest.raises(AnsibleFilterError, match="not a PEM certificate signing request"):
         issue("garbage", str(tmp_path / "ca"), ["engine01"], [], 30)
     assert ca_certificate(str(tmp_path / "ca")).startswith("-----BEGIN CERTIFICATE-----")
+
+
+def test_a_host_without_an_address_in_the_inventory_is_named_for_the_one_it_binds():
+    """Its listeners bind its default address (fleet_defaults_bind_address): the role's own
+    checks and any client that dials that address must find it in the certificate."""
+    facts = {"all_ipv4_addresses": ["10.89.0.4"], "default_ipv4": {"address": "10.89.0.4"}}
+    hostvars = {"vf-router": {"group_names": ["routers"]}}
+    assert identity("vf-router", hostvars, facts) == {
+        "names": ["vf-router", "localhost"],
+        "addresses": ["10.89.0.4", "127.0.0.1"],
+    }
+    # No facts gathered (or no address to bind): the name, the inventory's address, loopback.
+    assert identity("vf-router", hostvars, {}) == identity("vf-router", hostvars)
+    lost = {"all_ipv4_addresses": ["192.0.2.1"], "default_ipv4": {}}
+    assert identity("vf-router", {"vf-router": {"fleet_address": "10.0.0.9"}}, lost)[
+        "addresses"
+    ] == ["10.0.0.9", "127.0.0.1"]

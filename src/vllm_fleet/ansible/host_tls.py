@@ -6,6 +6,7 @@ its public key, its signing request and its current certificate, never its priva
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,18 +14,25 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 
-from vllm_fleet.ansible.addresses import fleet_address
+from vllm_fleet.ansible.addresses import bind_address, fleet_address
 from vllm_fleet.tls.ca import CaError, FleetCa, load_ca, renewal_reason
 
 
-def identity(host: str, hostvars: Mapping[str, Any]) -> dict[str, list[str]]:
+def identity(
+    host: str, hostvars: Mapping[str, Any], facts: Mapping[str, Any] | None = None
+) -> dict[str, list[str]]:
     """What the host's certificate names: its inventory name, the address the fleet reaches
-    it on (fleet_address, else ansible_host) as an IP address or a DNS name, a router host's
-    VIP (clients reach whichever router holds it there), and the loopback the host's own
-    checks call its listeners on."""
+    it on (fleet_address, else ansible_host) as an IP address or a DNS name, the address its
+    listeners bind (from its facts, where the play gathered them: a host without an address
+    in the inventory binds its default one), a router host's VIP (clients reach whichever
+    router holds it there), and the loopback the host's own checks call its listeners on."""
     names, addresses = [host], []
     own = hostvars[host]
     candidates = [fleet_address(host, hostvars)]
+    if facts and "all_ipv4_addresses" in facts:
+        # No address to bind: the roles that bind refuse it, naming the fix.
+        with contextlib.suppress(ValueError):
+            candidates.append(bind_address(host, hostvars, facts))
     router = own.get("fleet_router")
     vip = router.get("vip") if isinstance(router, dict) else None
     if "routers" in own.get("group_names", []) and isinstance(vip, dict) and vip.get("address"):
