@@ -42,9 +42,13 @@ def engine():
 
 
 def call(client, method, path, key=None, body=None):
-    """(status, body) of a request to the router, sent from ``client``'s container."""
-    args = ["curl", "-s", "-m", "30", "--cacert", CA, "-X", method, "-w", "\n%{http_code}",
-            ROUTER_URL + path]  # fmt: skip
+    """(status, body) of a request to the router, sent from ``client``'s container.
+
+    HTTP/1.1, as the fleet's clients (httpx, the OpenAI SDK) speak it: over HTTP/2 (curl's
+    choice once TLS offers it) sglang-router 0.3.2 answers a refused POST by resetting the
+    stream before it reads the body, and curl then reports exit 92 instead of the 401."""
+    args = ["curl", "-s", "-m", "30", "--http1.1", "--cacert", CA, "-X", method,
+            "-w", "\n%{http_code}", ROUTER_URL + path]  # fmt: skip
     if key is not None:
         args += ["-H", f"Authorization: Bearer {key}"]
     if body is not None:
