@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from tests.support.paths import ROOT
-from vllm_fleet.deploy.drift import DRIFT, FAILED, NO_DRIFT, drift
+from vllm_fleet.deploy.drift import DRIFT, FAILED, NO_DRIFT, drift, enabled_callbacks
 
 LOCAL = ["-i", "localhost,", "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}"]
 
@@ -124,3 +124,12 @@ def test_without_the_callbacks_record_the_drift_check_fails_instead_of_saying_no
     assert result.playbook_rc == 0
     assert result.status == FAILED
     assert result.markdown.startswith("# Drift check: failed")
+
+
+def test_the_drift_run_keeps_the_callbacks_already_enabled(monkeypatch):
+    """Its callback is added to ansible.cfg's list (or the environment's), not put in its place:
+    the variable it sets replaces the file's list, the plugin preload among them."""
+    monkeypatch.delenv("ANSIBLE_CALLBACKS_ENABLED", raising=False)
+    assert enabled_callbacks(ROOT) == ["vllm_fleet_timings", "vllm_fleet_preload"]
+    monkeypatch.setenv("ANSIBLE_CALLBACKS_ENABLED", "profile_tasks, vllm_fleet_preload")
+    assert enabled_callbacks(ROOT) == ["profile_tasks", "vllm_fleet_preload"]

@@ -8,6 +8,7 @@ directory. Exit status: 0 nothing would change, 2 drift (some host would change)
 
 from __future__ import annotations
 
+import configparser
 import difflib
 import json
 import os
@@ -85,6 +86,17 @@ def render_markdown(hosts: dict[str, dict[str, list[dict[str, Any]]]], status: i
     return "\n".join(out) + "\n"
 
 
+def enabled_callbacks(root: Path) -> list[str]:
+    """The callbacks ansible-playbook enables when run from ``root``: the environment's
+    ANSIBLE_CALLBACKS_ENABLED, else the ansible.cfg it reads (ANSIBLE_CONFIG, else root's)."""
+    listed = os.environ.get("ANSIBLE_CALLBACKS_ENABLED")
+    if listed is None:
+        config = configparser.ConfigParser(interpolation=None)
+        config.read(os.environ.get("ANSIBLE_CONFIG") or root / "ansible.cfg")
+        listed = config.get("defaults", "callbacks_enabled", fallback="")
+    return [name.strip() for name in listed.split(",") if name.strip()]
+
+
 def drift(
     playbook: str, out_dir: Path, extra: list[str], root: Path, stream: bool = True
 ) -> DriftResult:
@@ -92,11 +104,11 @@ def drift(
     out_dir.mkdir(parents=True, exist_ok=True)
     raw = out_dir / "callback.json"
     raw.unlink(missing_ok=True)
-    enabled = os.environ.get("ANSIBLE_CALLBACKS_ENABLED", "")
     env = dict(
         os.environ,
-        # Added to, not replacing, callbacks the operator enabled through the environment.
-        ANSIBLE_CALLBACKS_ENABLED=",".join(filter(None, [enabled, "vllm_fleet_drift"])),
+        # Added to, not replacing, the callbacks enabled already (the environment setting
+        # would otherwise replace ansible.cfg's list, vllm_fleet_preload among them).
+        ANSIBLE_CALLBACKS_ENABLED=",".join([*enabled_callbacks(root), "vllm_fleet_drift"]),
         VLLM_FLEET_DRIFT_OUT=str(raw),
     )
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), playbook, "--check", "--diff"]
