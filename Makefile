@@ -77,6 +77,7 @@ test-all: venv ## every row of every matrix; time per layer
 
 bench: prepare ## lab bring-up time by phase and the re-run's fraction; then bench-router
 	$(BIN)/python bench/lab_bringup.py
+	$(BIN)/python bench/plugin_preload_bench.py
 	$(MAKE) bench-router
 	$(MAKE) bench-upgrade
 
@@ -86,6 +87,7 @@ bench-check: venv ## make test-all's last layer, on the lab e2e-all leaves up: e
 	$(BIN)/python bench/router_bench.py --questions 6
 	$(BIN)/python bench/upgrade_bench.py
 	$(BIN)/python bench/connection_bench.py --rounds 2 --tasks 12
+	$(BIN)/python bench/plugin_preload_bench.py --rounds 2 --tasks 12
 
 bench-router: venv ## on the lab: router overhead; prefix-cache hits per policy vs ideal
 	$(BIN)/python bench/router_bench.py
