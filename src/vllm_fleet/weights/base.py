@@ -8,15 +8,17 @@ only after that. A failure leaves every existing revision untouched.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from vllm_fleet.names import SAFE_NAME_RULE, is_safe_name
 from vllm_fleet.weights.hashing import sha256_files
@@ -74,6 +76,26 @@ class Progress:
                 f"{self.label}: {self.done / 1e6:.0f}/{self.total / 1e6:.0f} MB "
                 f"{rate / 1e6:.1f} MB/s eta {eta:.0f}s"
             )
+
+
+def write_hashed(blocks: Iterable[bytes], out: BinaryIO, digest: Any, progress: Progress) -> int:
+    """Write each block as it comes (a buffered one would be lost when a connection drops and
+    fetched again by the resume), hashing and counting it; then flush and fsync. The bytes."""
+    size = 0
+    for block in blocks:
+        digest.update(block)
+        out.write(block)
+        size += len(block)
+        progress.add(len(block))
+    out.flush()
+    os.fsync(out.fileno())
+    return size
+
+
+def raise_if_disk_full(err: OSError, name: str, where: Path) -> None:
+    """A full disk is its own failure (what was staged is removed, not kept for a resume)."""
+    if err.errno == errno.ENOSPC:
+        raise DiskFullError(f"{name}: no space left on device while writing {where}") from err
 
 
 @dataclass

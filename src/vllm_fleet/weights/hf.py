@@ -13,7 +13,6 @@ nothing else: it is never logged, never recorded, and scrubbed from every error 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -25,9 +24,9 @@ from typing import Any, cast
 from vllm_fleet.weights.base import (
     MANIFEST_NAME,
     STAMP_NAME,
-    DiskFullError,
     Progress,
     WeightsError,
+    raise_if_disk_full,
     remove_tree,
 )
 from vllm_fleet.weights.hashing import BLOCK_SIZE
@@ -298,10 +297,8 @@ class HfFetch(RemoteFetch):
                     tqdm_class=cast(Any, bar),
                 )
             except Exception as err:  # each file's failure is reported, not just the first
-                if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-                    raise DiskFullError(
-                        f"{item.path}: no space left on device while writing {staging}"
-                    ) from err
+                if isinstance(err, OSError):
+                    raise_if_disk_full(err, item.path, staging)
                 return self._download_problem(item, err, token)
             # huggingface_hub checked the size at most; the content is checked here.
             got = hash_file(staging / item.path)

@@ -16,7 +16,6 @@ directory is only read, never changed.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import stat
@@ -27,10 +26,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from vllm_fleet.weights.base import (
-    DiskFullError,
     Progress,
     RevisionFetch,
     WeightsError,
+    raise_if_disk_full,
     tree_entries,
 )
 from vllm_fleet.weights.hashing import BLOCK_SIZE
@@ -156,10 +155,7 @@ class LocalFetch(RevisionFetch):
             try:
                 size, got = copy_hashed(self.path / entry.path, staging / entry.path, progress)
             except OSError as err:
-                if err.errno == errno.ENOSPC:
-                    raise DiskFullError(
-                        f"{entry.path}: no space left on device while writing {staging}"
-                    ) from err
+                raise_if_disk_full(err, entry.path, staging)
                 problems.append(f"{entry.path}: cannot copy: {err.strerror or err}")
                 return
             if size != entry.size:

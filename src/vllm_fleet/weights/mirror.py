@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -13,7 +11,14 @@ from typing import Any
 
 import httpx
 
-from vllm_fleet.weights.base import DiskFullError, Progress, RevisionFetch, WeightsError
+from vllm_fleet.weights.base import (
+    DiskFullError,
+    Progress,
+    RevisionFetch,
+    WeightsError,
+    raise_if_disk_full,
+    write_hashed,
+)
 from vllm_fleet.weights.hashing import BLOCK_SIZE
 from vllm_fleet.weights.manifest import Manifest, ManifestFile
 
@@ -54,21 +59,12 @@ def download_resumable(client: httpx.Client, url: str, dest: Path, progress: Pro
             else:
                 progress.add(offset)
             with dest.open("ab" if resumed else "wb") as out:
-                # As received, not re-chunked: a buffered chunk would be lost when the
-                # connection drops, and a resume would fetch it again.
-                for block in response.iter_bytes():
-                    digest.update(block)
-                    out.write(block)
-                    progress.add(len(block))
-                out.flush()
-                os.fsync(out.fileno())
+                # As received, not re-chunked (iter_bytes without a size).
+                write_hashed(response.iter_bytes(), out, digest, progress)
     except httpx.HTTPError as err:
         raise WeightsError(f"download of {url} failed: {err}") from err
     except OSError as err:
-        if err.errno == errno.ENOSPC:
-            raise DiskFullError(
-                f"{dest.name}: no space left on device while writing {dest}"
-            ) from err
+        raise_if_disk_full(err, dest.name, dest)
         raise WeightsError(f"{dest.name}: cannot write {dest}: {err.strerror}") from err
     return digest.hexdigest()
 

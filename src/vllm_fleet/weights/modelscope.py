@@ -31,7 +31,6 @@ every error message.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -43,7 +42,14 @@ from typing import Any
 
 import httpx
 
-from vllm_fleet.weights.base import MANIFEST_NAME, STAMP_NAME, DiskFullError, Progress, WeightsError
+from vllm_fleet.weights.base import (
+    MANIFEST_NAME,
+    STAMP_NAME,
+    Progress,
+    WeightsError,
+    raise_if_disk_full,
+    write_hashed,
+)
 from vllm_fleet.weights.hashing import BLOCK_SIZE
 from vllm_fleet.weights.manifest import Manifest, ManifestFile
 from vllm_fleet.weights.pins import is_commit
@@ -247,7 +253,6 @@ class ModelScopeFetch(RemoteFetch):
         url = f"{self.endpoint_url}/api/v1/models/{self.repo}/repo"
         params = {"Revision": self.revision, "FilePath": item.path}
         digest = hashlib.sha256()
-        size = 0
         dest.parent.mkdir(parents=True, exist_ok=True)
         try:
             with client.stream("GET", url, params=params) as response:
@@ -255,21 +260,12 @@ class ModelScopeFetch(RemoteFetch):
                     response.read()
                     return self._download_refusal(item, response, token)
                 with dest.open("wb") as out:
-                    for block in response.iter_bytes(BLOCK_SIZE):
-                        digest.update(block)
-                        out.write(block)
-                        size += len(block)
-                        progress.add(len(block))
-                    out.flush()
-                    os.fsync(out.fileno())
+                    size = write_hashed(response.iter_bytes(BLOCK_SIZE), out, digest, progress)
         except httpx.HTTPError as err:
             detail = _scrub(f"{type(err).__name__}: {err}", token)
             return f"{item.path}: download failed: {detail}"
         except OSError as err:
-            if err.errno == errno.ENOSPC:
-                raise DiskFullError(
-                    f"{item.path}: no space left on device while writing {dest}"
-                ) from err
+            raise_if_disk_full(err, item.path, dest)
             raise WeightsError(f"{item.path}: cannot write {dest}: {err.strerror}") from err
         got = digest.hexdigest()
         problem = None
