@@ -248,6 +248,11 @@ def test_two_served_names_are_verified_each_on_its_own_engines(tmp_path, monkeyp
     assert set(crosstalk["crosstalk[smollm2]"]["peak_running"]["per_engine"]) == {"engine01/g0"}
     assert set(crosstalk["crosstalk[smollm2-b]"]["peak_running"]["per_engine"]) == {"engine02/g0"}
     assert all(d["sizing"]["slots"] == 4 for d in crosstalk.values())
+    # Both names were verified at once, their loads in lockstep: no burst began before both
+    # calibration waves had been sent and answered, and the two bursts ran together.
+    phases = [d["phases_s"] for d in crosstalk.values()]
+    assert min(p["burst"] for p in phases) >= max(p["calibration"] for p in phases)
+    assert max(p["burst"] for p in phases) < min(p["burst_end"] for p in phases)
     assert [r["served_name"] for r in report["fleet"]] == names
     markdown = (out / "report.md").read_text()
     assert "- served names: `smollm2` (cross-talk C = " in markdown

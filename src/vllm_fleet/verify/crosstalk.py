@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from vllm_fleet.verify.config import ApiKeys, VerifyConfig
+from vllm_fleet.verify.lockstep import Party, alone
 from vllm_fleet.verify.metrics_sampler import RunningPeaks, RunningSampler
 from vllm_fleet.verify.openai_calls import CHAT, Answer, Endpoint, chat_body, complete
 from vllm_fleet.verify.results import CheckResult, Status, short
@@ -43,6 +44,8 @@ PROMPT_TEMPLATE = (
     '"{marker}": repeat this word exactly, then write one short sentence about {marker}.'
 )
 MAX_EXAMPLES = 5
+# The phases of a load that other served names' loads go through with it (lockstep).
+LOAD_PHASES = ("calibration", "burst")
 
 
 @dataclass(frozen=True)
@@ -218,7 +221,18 @@ class Calibration:
         }
 
 
-async def run_crosstalk(cfg: VerifyConfig, keys: ApiKeys) -> CheckResult:
+async def run_crosstalk(
+    cfg: VerifyConfig, keys: ApiKeys, party: Party | None = None
+) -> CheckResult:
+    """``party``: this load's place in a lockstep with the other served names' loads (their
+    calibration waves go together, then their bursts); alone when None."""
+    if party is None:
+        async with alone(LOAD_PHASES) as solo:
+            return await _run_crosstalk(cfg, keys, solo)
+    return await _run_crosstalk(cfg, keys, party)
+
+
+async def _run_crosstalk(cfg: VerifyConfig, keys: ApiKeys, party: Party) -> CheckResult:
     start = time.perf_counter()
     settings = cfg.crosstalk
     probes = build_probes(settings.prompts, settings.seed)
@@ -234,6 +248,8 @@ async def run_crosstalk(cfg: VerifyConfig, keys: ApiKeys) -> CheckResult:
     ):
         baselines = await _baselines(client, cfg, endpoints, probes)
         baseline_s = time.perf_counter() - start
+        await party.reach("calibration")
+        phases = {"calibration": party.clock()}
         calibration = Calibration(await _send(client, cfg, _plan(endpoints, slots, probes)))
         sizing = size(
             slots,
@@ -254,15 +270,21 @@ async def run_crosstalk(cfg: VerifyConfig, keys: ApiKeys) -> CheckResult:
             "seed": settings.seed,
             "all_float32": cfg.all_float32,
             "baseline_duration_s": round(baseline_s, 3),
+            # When each load phase began and the burst ended, on the clock the names verified
+            # at once share (seconds from the verification's start).
+            "phases_s": phases,
         }
         if sizing.problem is not None or calibration.failed:
             return _not_run(sizing, calibration, baselines, base, start)
         plan = _plan(endpoints, split(sizing.concurrency, slots), probes)
         engines = {e.label: e.url for e in cfg.engines}
+        await party.reach("burst")
+        phases["burst"] = party.clock()
         load_start = time.perf_counter()
         async with RunningSampler(sampler_client, engines, settings.sample_interval_seconds) as s:
             answers = await _send(client, cfg, plan)
         base["concurrent_duration_s"] = round(time.perf_counter() - load_start, 3)
+        phases["burst_end"] = party.clock()
     outcomes = [(p, e.name, a) for (p, e), a in zip(plan, answers, strict=True)]
     judgement = judge(probes, baselines, outcomes)
     return _judged(

@@ -30,12 +30,16 @@ from vllm_fleet.verify.config import (
     keys_from_env,
     load_config,
 )
-from vllm_fleet.verify.crosstalk import run_crosstalk
+from vllm_fleet.verify.crosstalk import LOAD_PHASES, run_crosstalk
+from vllm_fleet.verify.lockstep import Lockstep, Party
 from vllm_fleet.verify.metrics_file import write_metrics
 from vllm_fleet.verify.prefix_probe import probe_engine, probe_router
 from vllm_fleet.verify.report import build_report, fleet_rows, summary_lines, write_report
 from vllm_fleet.verify.results import CheckResult
 from vllm_fleet.verify.smoke import EngineFacts, smoke_engine, smoke_router
+
+# Each served name's checks, in step with the other names' (vllm_fleet.verify.lockstep).
+PHASES = (*LOAD_PHASES, "prefix probes")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,24 +85,55 @@ def _named(name: str, served_name: str | None) -> str:
 async def run_checks(
     cfg: VerifyConfig, keys: ApiKeys
 ) -> tuple[list[CheckResult], dict[str, EngineFacts]]:
-    """Each served name is verified on its own, one after another: its engines' smoke, the
-    router's smoke for that name (an engine of another name behind it answers 404), a
-    cross-talk load sized from that name's capacity, and its prefix probes."""
+    """Each served name is verified on its own engines, every name at once: its engines'
+    smoke, the router's smoke for that name (an engine of another name behind it answers
+    404), a cross-talk load sized from that name's capacity, and its prefix probes. The
+    names' loads go in lockstep (vllm_fleet.verify.lockstep): they calibrate together and
+    burst together, and the prefix probes start once every load has ended. The report lists
+    each name's checks together, names in order."""
     checks: list[CheckResult] = []
     facts: dict[str, EngineFacts] = {}
     views = cfg.views()
+    lockstep = Lockstep(len(views), PHASES)
     timeout = httpx.Timeout(cfg.timeout_seconds)
     async with httpx.AsyncClient(timeout=timeout, verify=cfg.tls_verify()) as client:
-        for view in views:
-            qualifier = view.served_name if len(views) > 1 else None
-            view_checks, view_facts = await _run_view(client, view, keys, qualifier)
-            checks += view_checks
-            facts.update(view_facts)
+        done = await asyncio.gather(
+            *(
+                _run_view(
+                    client, view, keys, view.served_name if len(views) > 1 else None, lockstep
+                )
+                for view in views
+            )
+        )
+    for view_checks, view_facts in done:
+        checks += view_checks
+        facts.update(view_facts)
     return checks, facts
 
 
 async def _run_view(
-    client: httpx.AsyncClient, cfg: VerifyConfig, keys: ApiKeys, qualifier: str | None
+    client: httpx.AsyncClient,
+    cfg: VerifyConfig,
+    keys: ApiKeys,
+    qualifier: str | None,
+    lockstep: Lockstep,
+) -> tuple[list[CheckResult], dict[str, EngineFacts]]:
+    # A name that stops early (its load could not run, a check crashed) leaves the lockstep,
+    # so it never holds the other names back.
+    async with lockstep.party() as party:
+        checks, facts = await _smoke_and_load(client, cfg, keys, qualifier, party)
+        # The prefix probes wait for every name's load to end: a cache-aware router routes by
+        # load while the fleet is imbalanced, not by prefix.
+        await party.reach("prefix probes")
+        return checks + await _prefix_probes(client, cfg, keys, qualifier), facts
+
+
+async def _smoke_and_load(
+    client: httpx.AsyncClient,
+    cfg: VerifyConfig,
+    keys: ApiKeys,
+    qualifier: str | None,
+    party: Party,
 ) -> tuple[list[CheckResult], dict[str, EngineFacts]]:
     smoked = await asyncio.gather(*(_smoke(client, e, keys, cfg) for e in cfg.engines))
     checks = [result for result, _ in smoked]
@@ -112,7 +147,14 @@ async def _run_view(
             name = _named(f"smoke router {urlsplit(member).hostname}", qualifier)
             checks.append(_renamed(await _guarded(name, member_smoke), name))
     name = _named("crosstalk", qualifier)
-    checks.append(_renamed(await _guarded(name, run_crosstalk(cfg, keys)), name))
+    checks.append(_renamed(await _guarded(name, run_crosstalk(cfg, keys, party)), name))
+    return checks, facts
+
+
+async def _prefix_probes(
+    client: httpx.AsyncClient, cfg: VerifyConfig, keys: ApiKeys, qualifier: str | None
+) -> list[CheckResult]:
+    checks: list[CheckResult] = []
     for engine in cfg.engines:
         if engine.enable_prefix_caching:
             probe = probe_engine(client, engine, keys, cfg)
@@ -121,7 +163,7 @@ async def _run_view(
         probe = probe_router(client, cfg.router.url, keys, cfg)
         name = _named("prefix_cache router", qualifier)
         checks.append(_renamed(await _guarded(name, probe), name))
-    return checks, facts
+    return checks
 
 
 def _renamed(result: CheckResult, name: str) -> CheckResult:
