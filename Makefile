@@ -78,6 +78,7 @@ test-all: venv ## every row of every matrix; time per layer
 bench: prepare ## lab bring-up time by phase and the re-run's fraction; then bench-router
 	$(BIN)/python bench/lab_bringup.py
 	$(BIN)/python bench/plugin_preload_bench.py
+	$(BIN)/python bench/verify_names_bench.py
 	$(MAKE) bench-router
 	$(MAKE) bench-upgrade
 
@@ -88,6 +89,7 @@ bench-check: venv ## make test-all's last layer, on the lab e2e-all leaves up: e
 	$(BIN)/python bench/upgrade_bench.py
 	$(BIN)/python bench/connection_bench.py --rounds 2 --tasks 12
 	$(BIN)/python bench/plugin_preload_bench.py --rounds 2 --tasks 12
+	$(BIN)/python bench/verify_names_bench.py --names 2 --rounds 2
 
 bench-router: venv ## on the lab: router overhead; prefix-cache hits per policy vs ideal
 	$(BIN)/python bench/router_bench.py
