@@ -347,6 +347,10 @@ HALF_APPLY = """\
 """
 
 
+# make test: the restart and hold decisions from a host's actual state (files newer than the
+# process, a dead run's hold) in tests/unit/test_rollout.py; the engine roll behind a drain
+# that finishes them in the second-model row.
+@pytest.mark.full
 def test_a_half_applied_host_is_finished_from_its_actual_state(matrix, tmp_path):
     """The run died on engine01 after its new settings were rendered and it was drained:
     its files say max_model_len 1792, its engine runs the old settings, it is held. The next

@@ -878,6 +878,11 @@ def pinned_to(revision: str, tmp_path: Path) -> Path:
     return override
 
 
+# make test: a download cut mid-file fails naming it and resumes from what was staged
+# (tests/unit/test_weights_faults.py, a real HTTP server); a failed new revision leaving the
+# previous one installed and current (tests/unit/test_weights.py); the disk filled under a
+# fetch on the lab while its engine serves (below).
+@pytest.mark.full
 def test_mirror_unreachable_during_a_site_yml_fetch(chaos, revision_b, tmp_path):
     """site.yml's weights phase (the model_weights role) fetches revision B on engine02, and
     the mirror (the lab's source of weights, as a cache host is a fleet's) goes down in the
