@@ -204,6 +204,10 @@ def back_in_rotation(host: str, restarts_before: int) -> None:
     wait_until(lambda: workers().get(ENGINE_URLS[host]) is True, START_BOUND, "back in rotation")
 
 
+# make test: the name-resolution row below kills engine01's vLLM the same way, under the same
+# load, and waits for systemd's restart and the routers to take it back (with no name
+# resolving besides).
+@pytest.mark.full
 def test_engine_sigkill(chaos):
     host = "engine01"
     with clients() as load:
