@@ -1,21 +1,25 @@
-"""The lab's and Molecule's connection: what one Ansible task costs through each way in.
+"""The lab's and Molecule's connections: what one Ansible task costs through each way in.
 
     python bench/connection_bench.py                # 3 rounds of a 30-task playbook
     python bench/connection_bench.py --rounds 2 --tasks 12   # quick (make bench-check)
 
-Every lab and Molecule task goes through plugins/connection/vllm_fleet_podman.py, so its cost
-per task is most of a converged site.yml. One throwaway container from the lab image, one
-playbook of small tasks (command, stat, copy, template, fetch: the module, put and fetch
-paths), run side by side in one process, the arms interleaved round by round (medians):
+One throwaway container from the lab image, one playbook of small tasks (command, stat, copy,
+template, fetch: the module, put and fetch paths), run side by side in one process, the arms
+interleaved round by round (medians):
 
-- ``collection``: containers.podman.podman as shipped (no pipelining: a temporary
-  directory, the module copied in through a ``podman mount``, run, cleaned up);
-- ``podman exec``: vllm_fleet_podman with ``exec_via: podman`` (the module piped to one
-  ``podman exec -i``);
-- ``runc exec``: vllm_fleet_podman as the lab runs it (the same pipe to ``runc exec``).
+- ``collection``: containers.podman.podman as shipped, Ansible's linear strategy (no
+  pipelining: a temporary directory, the module copied in through a ``podman mount``, run,
+  cleaned up);
+- ``podman exec``: plugins/connection/vllm_fleet_podman.py with ``exec_via: podman`` (the
+  module piped to one ``podman exec -i``), linear;
+- ``runc exec``: vllm_fleet_podman as Molecule runs it (the same pipe to ``runc exec``),
+  linear;
+- ``mitogen``: ansible.cfg's strategy (plugins/strategy/mitogen_linear.py) with podman, as the
+  lab runs it: one interpreter in the container for the whole run, every module run in it.
 
-Target: ``runc exec`` costs at most 0.8x of ``podman exec`` per task. A missed target is
-printed as MISSED; only a failed playbook makes the exit status non-zero.
+Targets: ``runc exec`` costs at most 0.8x of ``podman exec`` per task, and ``mitogen`` at
+most 0.5x of ``runc exec``. A missed target is printed as MISSED; only a failed playbook
+makes the exit status non-zero.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IMAGE = "localhost/vllm-fleet-lab:bookworm"
 NAME = "vf-connection-bench"
 TARGET = 0.8
+MITOGEN_TARGET = 0.5
 ARMS = {
     "collection": {"ansible_connection": "containers.podman.podman"},
     "podman exec": {
@@ -42,7 +47,10 @@ ARMS = {
         "ansible_vllm_fleet_podman_exec_via": "podman",
     },
     "runc exec": {"ansible_connection": "vllm_fleet_podman"},
+    "mitogen": {"ansible_connection": "podman"},
 }
+# The arms before mitogen run under Ansible's own strategy (ansible.cfg names Mitogen's).
+STRATEGY = {arm: "mitogen_linear" if arm == "mitogen" else "linear" for arm in ARMS}
 # The kinds of task a converged site.yml is made of, in turn.
 KINDS = [
     {"ansible.builtin.command": "true", "changed_when": False},
@@ -75,7 +83,7 @@ def write_inventory(work: Path, arm: str) -> Path:
     return path
 
 
-def run(playbook: Path, inventory: Path) -> float:
+def run(playbook: Path, inventory: Path, strategy: str) -> float:
     started = time.monotonic()
     proc = subprocess.run(
         ["ansible-playbook", "-i", str(inventory), str(playbook)],
@@ -83,7 +91,11 @@ def run(playbook: Path, inventory: Path) -> float:
         capture_output=True,
         text=True,
         check=False,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")},
+        env={
+            **os.environ,
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_STRATEGY": strategy,
+        },
     )
     if proc.returncode != 0:
         sys.exit(f"{inventory.stem}: the playbook failed:\n{proc.stdout[-3000:]}{proc.stderr}")
@@ -113,8 +125,8 @@ def main() -> int:
             starts: dict[str, list[float]] = {arm: [] for arm in ARMS}
             for _ in range(args.rounds):
                 for arm in ARMS:
-                    starts[arm].append(run(single, inventories[arm]))
-                    seconds[arm].append(run(playbook, inventories[arm]))
+                    starts[arm].append(run(single, inventories[arm], STRATEGY[arm]))
+                    seconds[arm].append(run(playbook, inventories[arm], STRATEGY[arm]))
     finally:
         subprocess.run(["podman", "rm", "--force", NAME], capture_output=True, check=False)
     per_task = {
@@ -130,6 +142,9 @@ def main() -> int:
     verdict = "met" if ratio <= TARGET else "MISSED"
     print(f"runc exec / podman exec per task: {ratio:.2f} (target <= {TARGET}: {verdict})")
     print(f"runc exec / collection per task: {per_task['runc exec'] / per_task['collection']:.2f}")
+    mitogen = per_task["mitogen"] / per_task["runc exec"]
+    verdict = "met" if mitogen <= MITOGEN_TARGET else "MISSED"
+    print(f"mitogen / runc exec per task: {mitogen:.2f} (target <= {MITOGEN_TARGET}: {verdict})")
     return 0
 
 

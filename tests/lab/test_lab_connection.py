@@ -1,7 +1,8 @@
-"""The lab's connection (plugins/connection/vllm_fleet_podman.py) on a throwaway container:
-a module runs inside the host (its namespaces and its cgroup, so a slowed host slows the
-module too), files go in and come back intact, and a stopped host fails the task with
-podman's own answer."""
+"""The lab's connection (podman under Mitogen, ansible.cfg's strategy) and Molecule's
+(plugins/connection/vllm_fleet_podman.py under Ansible's linear strategy) on a throwaway
+container: a module runs inside the host (its namespaces and its cgroup, so a slowed host
+slows the module too), files go in and come back intact, and a stopped host fails the task
+with podman's own answer."""
 
 from __future__ import annotations
 
@@ -39,8 +40,14 @@ PLAY = [
 ]  # fmt: skip
 
 
-@pytest.fixture
-def probe_host(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+# (ansible_connection, the play's strategy): the lab's, then Molecule's.
+LAB = ("podman", "mitogen_linear")
+MOLECULE = ("vllm_fleet_podman", "linear")
+
+
+@pytest.fixture(params=[LAB, MOLECULE], ids=["lab", "molecule"])
+def probe_host(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[str, Path]]:
+    connection, strategy = request.param
     subprocess.run(["podman", "rm", "--force", NAME], capture_output=True, check=False)
     subprocess.run(
         ["podman", "run", "--detach", "--name", NAME, "--network", "none", IMAGE,
@@ -50,11 +57,12 @@ def probe_host(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     (tmp_path / "hosts.yml").write_text(
         yaml.safe_dump(
             {"all": {"hosts": {NAME: None},
-                     "vars": {"ansible_connection": "vllm_fleet_podman",
+                     "vars": {"ansible_connection": connection,
                               "ansible_python_interpreter": "/usr/bin/python3"}}}
         )
     )  # fmt: skip
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(PLAY, sort_keys=False))
+    play = [{**PLAY[0], "strategy": strategy}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play, sort_keys=False))
     yield NAME, tmp_path
     subprocess.run(["podman", "rm", "--force", NAME], capture_output=True, check=False)
 
@@ -100,10 +108,11 @@ def test_modules_run_inside_the_host_and_a_stopped_host_fails_the_task(
     assert "running" in stopped.output and "exec failed" not in stopped.output, tail
 
 
+@pytest.mark.parametrize("probe_host", [MOLECULE], ids=["molecule"], indirect=True)
 def test_a_host_recreated_under_its_name_is_reached_despite_a_stale_runc_state(
     probe_host: tuple[str, Path],
 ) -> None:
-    """The connection caches each name's container ID. A container removed without runc's
+    """Molecule's connection caches each name's container ID. A container removed without runc's
     own cleanup leaves its state directory behind, and runc then answers "cannot exec in a
     stopped container" for the old ID: the connection must ask podman again, not fail."""
     name, work = probe_host

@@ -311,7 +311,7 @@ def bare_host(tmp_path):
     )
     (inventory / "hosts.yml").write_text(
         yaml.safe_dump(
-            {"all": {"vars": {"ansible_connection": "vllm_fleet_podman",
+            {"all": {"vars": {"ansible_connection": "podman",
                               "ansible_python_interpreter": "/usr/bin/python3"},
                      # A one-host fleet: it reaches itself on loopback.
                      "children": {"engines": {"hosts": {name: {"fleet_address": "127.0.0.1"}}},
