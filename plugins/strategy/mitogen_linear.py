@@ -10,6 +10,14 @@ host, which was most of a converged run's time (bench/connection_bench.py).
 
 from __future__ import annotations
 
+import ansible_mitogen.affinity
 from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule
+
+# Mitogen pins its multiplexer to CPU 0, and Ansible's processes with everything they start
+# (podman exec or ssh, and through them the host-side interpreter and every module's
+# children) to the other CPUs: on a 2-core controller, one core for all of it. A lab or
+# Molecule host's pip install or verification then ran on one core. Its base policy pins
+# nothing.
+ansible_mitogen.affinity.policy = ansible_mitogen.affinity.Policy()
 
 __all__ = ["StrategyModule"]

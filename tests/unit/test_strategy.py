@@ -23,13 +23,17 @@ PLAY = [
              "register": f"parent{n}", "changed_when": False}
             for n in (1, 2)
         ]
-        + [{"name": "report", "ansible.builtin.debug":
-            {"msg": "parents {{ parent1.stdout }} {{ parent2.stdout }}"}}],
+        + [{"name": "cpus", "ansible.builtin.command":
+            "python3 -c 'import os; print(len(os.sched_getaffinity(0)))'",
+            "register": "cpus", "changed_when": False},
+           {"name": "report", "ansible.builtin.debug":
+            {"msg": "parents {{ parent1.stdout }} {{ parent2.stdout }} cpus {{ cpus.stdout }}"}}],
     }
 ]  # fmt: skip
 
 
-def parents(tmp_path: Path, strategy: str | None) -> tuple[str, str]:
+def parents(tmp_path: Path, strategy: str | None) -> tuple[str, str, int]:
+    """The parent process of two commands of one play, and how many CPUs a third may use."""
     play = tmp_path / "play.yml"
     play.write_text(yaml.safe_dump(PLAY, sort_keys=False))
     env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
@@ -44,16 +48,22 @@ def parents(tmp_path: Path, strategy: str | None) -> tuple[str, str]:
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     line = next(x for x in run.stdout.splitlines() if "parents " in x)
-    first, second = line.split("parents ", 1)[1].strip().strip("\"'").split()
-    return first, second
+    first, second, _, cpus = line.split("parents ", 1)[1].strip().strip("\"'").split()
+    return first, second, int(cpus)
 
 
 def test_the_configured_strategy_keeps_one_interpreter_for_the_run(tmp_path: Path) -> None:
-    first, second = parents(tmp_path, None)
+    first, second, _ = parents(tmp_path, None)
     assert first == second, "ansible.cfg's strategy started an interpreter per task"
+
+
+def test_what_a_task_starts_may_use_every_cpu(tmp_path: Path) -> None:
+    """Mitogen's own policy would leave a task's processes one CPU of a 2-core controller."""
+    _, _, cpus = parents(tmp_path, None)
+    assert cpus == len(os.sched_getaffinity(0))
 
 
 def test_ansibles_own_strategy_starts_one_per_task(tmp_path: Path) -> None:
     """The check above can fail: without Mitogen the parents differ."""
-    first, second = parents(tmp_path, "linear")
+    first, second, _ = parents(tmp_path, "linear")
     assert first != second
