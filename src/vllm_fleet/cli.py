@@ -33,8 +33,9 @@ def _cmd_engine_membership(args: argparse.Namespace) -> int:
 
 
 def _cmd_smoke(args: argparse.Namespace) -> int:
-    from vllm_fleet.engine.config import EngineConfig, probe_host
+    from vllm_fleet.engine.config import EngineConfig, engine_url, probe_host
     from vllm_fleet.env_file import read_env_file
+    from vllm_fleet.tls.trust import fleet_trust
     from vllm_fleet.verify.smoke import report_lines, smoke_endpoint
 
     cfg = EngineConfig.model_validate_json(Path(args.config).read_text())
@@ -43,8 +44,9 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
         print(f"{args.env_file}: no VLLM_API_KEY", file=sys.stderr)
         return 2
     address = args.address or probe_host(cfg)
-    url = f"http://{address}:{cfg.port}"
-    result = asyncio.run(smoke_endpoint(url, key, cfg.served_name, args.timeout))
+    url = engine_url(address, cfg.port, tls=cfg.tls is not None)
+    verify = fleet_trust(url, str(cfg.tls.ca_cert) if cfg.tls else None)
+    result = asyncio.run(smoke_endpoint(url, key, cfg.served_name, args.timeout, verify=verify))
     print("\n".join(report_lines(result)))
     return 0 if result.status != "fail" else 1
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
+import os
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -77,9 +79,14 @@ def _answers(url: str) -> bool:
 
 
 def start_router(
-    impl: str, log: Path, port: int | None = None, extra: dict[str, object] | None = None
+    impl: str,
+    log: Path,
+    port: int | None = None,
+    extra: dict[str, object] | None = None,
+    env: dict[str, str] | None = None,
 ) -> RouterProcess:
-    """A real router on 127.0.0.1; sglang with a control-plane key and a client key."""
+    """A real router on 127.0.0.1; sglang with a control-plane key and a client key.
+    ``env``: variables on top of this process's (the unit's Environment= lines)."""
     port = port or free_port()
     settings: dict[str, object] = {
         "host": "127.0.0.1",
@@ -100,6 +107,7 @@ def start_router(
             [sys.executable, "-c", LAUNCHER, impl, json.dumps(settings)],
             stdout=out,
             stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
         )
     router = RouterProcess(impl, f"http://127.0.0.1:{port}", log, process)
     try:
@@ -116,9 +124,12 @@ def start_router(
 
 @contextlib.contextmanager
 def running_router(
-    impl: str, log: Path, extra: dict[str, object] | None = None
+    impl: str,
+    log: Path,
+    extra: dict[str, object] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[RouterProcess]:
-    router = start_router(impl, log, extra=extra)
+    router = start_router(impl, log, extra=extra, env=env)
     try:
         yield router
     finally:
@@ -214,11 +225,19 @@ def _handler(engine: FakeEngine) -> type[http.server.BaseHTTPRequestHandler]:
 
 
 @contextlib.contextmanager
-def running_engine(engine: FakeEngine | None = None) -> Iterator[FakeEngine]:
+def running_engine(
+    engine: FakeEngine | None = None, tls: tuple[Path, Path] | None = None
+) -> Iterator[FakeEngine]:
+    """``tls``: (certificate, key) to serve HTTPS with, as vLLM's --ssl-certfile/--ssl-keyfile."""
     engine = engine or FakeEngine()
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine))
     server.daemon_threads = True
-    engine.url = f"http://127.0.0.1:{server.server_address[1]}"
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    scheme = "https" if tls is not None else "http"
+    engine.url = f"{scheme}://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:

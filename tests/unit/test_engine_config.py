@@ -4,13 +4,24 @@ import pytest
 from pydantic import ValidationError
 
 from vllm_fleet.engine.config import (
+    CredentialsMissing,
     EngineConfig,
+    advertise_url,
     compress_ranges,
     device_env,
     engine_argv,
     engine_env,
+    engine_url,
     owned_flag,
+    probe_url,
 )
+
+TLS = {
+    "cert": "engine-tls.crt",
+    "key": "engine-tls.key",
+    "ca_cert": "/etc/vllm-fleet/tls/ca.crt",
+    "cert_sha256": "ab" * 32,
+}
 
 
 def config(**overrides):
@@ -78,8 +89,13 @@ def test_every_flag_the_role_sets_is_one_extra_args_may_not_set():
     extra_args give it a second value that vLLM's parser takes (the last one wins)."""
     argv = engine_argv(
         config(
-            enforce_eager=True, block_size=32, enable_prefix_caching=False, trust_remote_code=True
-        )
+            enforce_eager=True,
+            block_size=32,
+            enable_prefix_caching=False,
+            trust_remote_code=True,
+            tls=TLS,
+        ),
+        "/run/credentials/vllm-engine@g0.service",
     )
     flags = [a for a in argv if a.startswith("-")]
     assert flags and all(owned_flag(a) for a in flags), [a for a in flags if not owned_flag(a)]
@@ -89,7 +105,9 @@ def test_every_flag_the_role_sets_is_one_extra_args_may_not_set():
     "args",
     [["--host", "0.0.0.0"], ["--host=0.0.0.0"], ["--ho", "::"], ["--port", "1"], ["-tp", "8"],
      ["--served_model_name", "x"], ["--config", "/tmp/x.yaml"], ["--uds", "/tmp/s"],
-     ["--no-enable-prefix-caching"], ["--trust-remote-code"], ["--trust_remote_code"]],
+     ["--no-enable-prefix-caching"], ["--trust-remote-code"], ["--trust_remote_code"],
+     ["--ssl-keyfile", "/tmp/k"], ["--ssl-cert-reqs=0"], ["--ssl-ca", "/tmp/ca"],
+     ["--enable-ssl-refresh"]],
 )  # fmt: skip
 def test_extra_args_may_not_set_what_the_role_owns(args):
     with pytest.raises(ValidationError, match="which the role owns"):
@@ -194,3 +212,35 @@ def test_the_weights_own_code_runs_only_when_the_model_allows_it():
 def test_each_refused_flag_names_the_guarantee_it_would_undo(args, guarantee):
     with pytest.raises(ValidationError, match=guarantee):
         config(extra_args=args)
+
+
+def test_a_tls_group_serves_the_certificate_and_key_systemd_handed_its_unit():
+    credentials = "/run/credentials/vllm-engine@g0.service"
+    argv = engine_argv(config(tls=TLS, extra_args=["--seed", "0"]), credentials)
+    assert argv[argv.index("--ssl-certfile") + 1] == f"{credentials}/engine-tls.crt"
+    assert argv[argv.index("--ssl-keyfile") + 1] == f"{credentials}/engine-tls.key"
+    # No client certificate asked for (the routers' health checks present none), and the
+    # group's own arguments still come last.
+    assert "--ssl-cert-reqs" not in argv and argv[-2:] == ["--seed", "0"]
+    assert "--ssl-certfile" not in engine_argv(config(), credentials)
+
+
+def test_a_tls_group_without_its_credentials_does_not_start_on_plain_http():
+    with pytest.raises(CredentialsMissing, match="LoadCredential"):
+        engine_argv(config(tls=TLS), None)
+
+
+@pytest.mark.parametrize("name", ["../host.key", "tls/key", ".", ""])
+def test_a_credential_name_is_a_plain_name(name):
+    with pytest.raises(ValidationError):
+        config(tls=TLS | {"key": name})
+
+
+def test_the_scheme_follows_the_groups_tls():
+    assert probe_url(config()) == "http://127.0.0.1:8100"
+    assert probe_url(config(tls=TLS, host="10.0.0.5")) == "https://10.0.0.5:8100"
+    assert advertise_url(config(tls=TLS, advertise_url="https://engine01:8100")) == (
+        "https://engine01:8100"
+    )
+    assert engine_url("fd00::5", 8100, tls=True) == "https://[fd00::5]:8100"
+    assert engine_url("[fd00::5]", 8100, tls=False) == "http://[fd00::5]:8100"

@@ -109,6 +109,10 @@ def test_example_renders_units_and_settings(inventory, tmp_path):
             ]
         else:
             assert env_files == [f"EnvironmentFile={tmp_path}/engines/%i.env"]
+        # The examples have a fleet CA: systemd hands each engine unit the engines' own key
+        # and certificate (not the host's).
+        assert "LoadCredential=engine-tls.key:/etc/vllm-fleet/tls/engine.key" in text
+        assert "LoadCredential=engine-tls.crt:/etc/vllm-fleet/tls/engine.crt" in text
         # The secrets file is rendered (0600) but its content never shows in the output.
         assert len(envfiles[host]) == len(want["groups"])
         assert API_KEY not in json.dumps(envfiles[host])
@@ -120,8 +124,13 @@ def test_example_renders_units_and_settings(inventory, tmp_path):
             cfg = EngineConfig.model_validate_json(after)
             engine = engine_env(cfg, Path("/var/lib/vllm-fleet/engines") / group)
             assert engine[want["device_var"]] == want["groups"][group], (host, group)
-            argv = engine_argv(cfg)
+            credentials = f"/run/credentials/vllm-engine@{group}.service"
+            argv = engine_argv(cfg, credentials)
             assert argv[0] == f"/opt/vllm-fleet/stacks/{cfg.stack}/bin/vllm"
+            assert argv[argv.index("--ssl-keyfile") + 1] == f"{credentials}/engine-tls.key"
+            assert argv[argv.index("--ssl-certfile") + 1] == f"{credentials}/engine-tls.crt"
+            assert cfg.tls is not None and str(cfg.tls.ca_cert) == "/etc/vllm-fleet/tls/ca.crt"
+            assert cfg.advertise_url is not None and cfg.advertise_url.startswith("https://")
             assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
             assert int(argv[argv.index("--kv-cache-memory-bytes") + 1]) > 0
             if inventory == "example-ascend":

@@ -17,10 +17,11 @@ import yaml
 
 from tests.support.paths import ROOT
 from tests.support.playbook import run_play
+from vllm_fleet.tls.ca import init_ca
 
 
 def run_role(
-    tmp_path: Path, fleet_monitoring: dict[str, object]
+    tmp_path: Path, fleet_monitoring: dict[str, object], **more: object
 ) -> subprocess.CompletedProcess[str]:
     play = [
         {
@@ -34,6 +35,7 @@ def run_role(
         "ansible_connection": "local",
         "ansible_python_interpreter": sys.executable,
         "fleet_monitoring": fleet_monitoring,
+        **more,
     }
     inventory = str(ROOT / "inventories/lab")
     return run_play(tmp_path, play, "-e", json.dumps(extra), inventory=inventory, local=False)
@@ -57,6 +59,40 @@ def test_prometheus_accepts_the_rendered_configuration_and_rules(rendered, promt
     # check config also parsed both rule files through rule_files.
     assert "2 rule files found" in check.stdout
     assert "SUCCESS: 1 rules found" not in check.stdout
+
+
+@pytest.fixture(scope="module")
+def rendered_tls(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lab inventory as a fleet with a CA: its engines serve HTTPS (fleet_engine_tls)."""
+    tmp = tmp_path_factory.mktemp("monitoring-tls")
+    ca = init_ca(tmp / "ca")
+    out = tmp / "prometheus"
+    run = run_role(
+        tmp,
+        {"mode": "render", "render_dir": str(out)},
+        fleet_ca_dir=str(tmp / "ca"),
+        fleet_engine_plain_http=False,
+        fleet_tls_ca_cert=str(ca),
+    )
+    assert run.returncode == 0, run.stdout[-4000:]
+    return out
+
+
+def test_engines_on_https_are_scraped_over_it_trusting_the_fleet_ca(rendered_tls, promtool):
+    check = subprocess.run(
+        [str(promtool), "check", "config", str(rendered_tls / "prometheus.yml")],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    config = yaml.safe_load((rendered_tls / "prometheus.yml").read_text())
+    [engines] = [job for job in config["scrape_configs"] if job["job_name"] == "vllm-engine"]
+    assert engines["tls_config"] == {"ca_file": str(rendered_tls.parent / "ca" / "ca.crt")}
+    assert {static["labels"]["__scheme__"] for static in engines["static_configs"]} == {"https"}
+    rules = yaml.safe_load((rendered_tls / "rules/vllm-fleet-inventory.rules.yml").read_text())
+    workers = {
+        r["labels"]["worker"] for r in rules["groups"][0]["rules"] if "worker" in r["labels"]
+    }
+    assert workers == {"https://10.89.0.21:8100", "https://10.89.0.22:8100"}
 
 
 def test_every_engine_group_router_and_watchdog_is_a_target(rendered):

@@ -38,7 +38,8 @@ def role_value(name, fleet_router):
 
 
 def router_address_values(fleet_router, hosts, tls=False):
-    """fleet_verify_router_port/_address/_members/_url/_ca_file as Ansible would template them."""
+    """fleet_verify_router_port/_address/_members/_url/_ca_file and fleet_verify_ca_file as
+    Ansible would template them."""
     env = jinja2.nativetypes.NativeEnvironment(undefined=jinja2.StrictUndefined)
     env.filters["regex_replace"] = lambda value, pattern, repl: re.sub(pattern, repl, value)
     env.filters["bool"] = bool
@@ -48,6 +49,7 @@ def router_address_values(fleet_router, hosts, tls=False):
         "fleet_verify_router_hosts": hosts,
         "fleet_router_tls": tls,
         "fleet_tls_ca_cert": "/etc/vllm-fleet/tls/ca.crt",
+        "fleet_ca_dir": "/srv/vllm-fleet/ca" if tls else "",
     }
     for name in (
         "fleet_verify_router_port",
@@ -55,6 +57,7 @@ def router_address_values(fleet_router, hosts, tls=False):
         "fleet_verify_router_members",
         "fleet_verify_router_url",
         "fleet_verify_router_ca_file",
+        "fleet_verify_ca_file",
     ):
         values[name] = env.from_string(VERIFY_DEFAULTS[name]).render(values)
     return values

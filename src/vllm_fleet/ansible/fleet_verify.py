@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_fleet.ansible.addresses import fleet_address, fleet_addresses, router_url, url_host
+from vllm_fleet.engine.config import engine_url
+from vllm_fleet.preflight.engine_tls import engine_tls
 
 
 def _commits(records: list[Mapping[str, Any]]) -> dict[str, str]:
@@ -36,16 +38,15 @@ def verify_engines(
     engines = []
     for host in hosts:
         host_vars = hostvars[host]
-        advertise = url_host(
-            host_vars.get("vllm_engine_advertise_host", fleet_address(host, hostvars))
-        )
+        advertise = host_vars.get("vllm_engine_advertise_host", fleet_address(host, hostvars))
+        tls = engine_tls(host_vars) is True
         for raw in host_vars.get("fleet_engine_groups", []):
             group = {**group_defaults, **raw}
             engines.append(
                 {
                     "host": host,
                     "group": group["name"],
-                    "url": f"http://{advertise}:{int(group['port'])}",
+                    "url": engine_url(str(advertise), int(group["port"]), tls=tls),
                     "stack": host_vars.get("fleet_engine_stack", ""),
                     "commit": commits.get(host, "not recorded"),
                     "model": group["model"],

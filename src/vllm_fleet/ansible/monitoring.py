@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 
 from vllm_fleet.ansible.addresses import fleet_address, url_host
+from vllm_fleet.engine.config import engine_url
+from vllm_fleet.preflight.engine_tls import engine_tls
 
 ENGINE_JOB = "vllm-engine"
 ROUTER_JOB = "vllm-fleet-router"
@@ -18,11 +20,20 @@ WATCHDOG_JOB = "vllm-fleet-watchdog"
 def _engine_groups(hosts: list[str], hostvars: Mapping[str, Any]) -> list[dict[str, Any]]:
     found = []
     for host in hosts:
-        advertise = url_host(
+        address = str(
             hostvars[host].get("vllm_engine_advertise_host", fleet_address(host, hostvars))
         )
+        tls = engine_tls(hostvars[host]) is True
         for group in hostvars[host].get("fleet_engine_groups", []):
-            found.append({"host": host, "advertise": advertise, **group})
+            found.append(
+                {
+                    "host": host,
+                    "advertise": url_host(address),
+                    "address": address,
+                    "tls": tls,
+                    **group,
+                }
+            )
     return found
 
 
@@ -49,12 +60,16 @@ def scrape_configs(
     router_metrics_port: int,
     watchdog_metrics_port: int,
     groups: Mapping[str, list[str]],
+    ca_file: str | None = None,
 ) -> list[dict[str, Any]]:
     """One job per kind of target, every target labelled with its inventory host.
 
     Engines keep their own model_name label (honor_labels): the target label carries the
-    same served name, so `up` of a down engine still says which model lost capacity.
+    same served name, so `up` of a down engine still says which model lost capacity. An
+    engine on HTTPS (fleet_engine_tls) is scraped over it, trusting ``ca_file`` (the fleet
+    CA on the Prometheus host) alone; a fleet part-way through moving to HTTPS has both.
     """
+    found = _engine_groups(engine_hosts, hostvars)
     engines = [
         _static(
             f"{g['advertise']}:{int(g['port'])}",
@@ -62,12 +77,25 @@ def scrape_configs(
                 "fleet_host": g["host"],
                 "fleet_group": str(g["name"]),
                 "model_name": _served_name(models, g["model"]),
+                **({"__scheme__": "https"} if g["tls"] else {}),
             },
         )
-        for g in _engine_groups(engine_hosts, hostvars)
+        for g in found
     ]
+    engine_job: dict[str, Any] = {
+        "job_name": ENGINE_JOB,
+        "honor_labels": True,
+        "static_configs": engines,
+    }
+    if any(g["tls"] for g in found):
+        if not ca_file:
+            raise ValueError(
+                "engines serve HTTPS (fleet_engine_tls) and Prometheus has no fleet CA to trust "
+                "(monitoring_tls_ca_file)"
+            )
+        engine_job["tls_config"] = {"ca_file": ca_file}
     jobs: list[dict[str, Any]] = [
-        {"job_name": ENGINE_JOB, "honor_labels": True, "static_configs": engines},
+        engine_job,
         {
             "job_name": ROUTER_JOB,
             "static_configs": [
@@ -136,7 +164,7 @@ def inventory_rules(
                 "record": "vllm_fleet:router_worker_info",
                 "expr": "vector(1)",
                 "labels": {
-                    "worker": f"http://{g['advertise']}:{int(g['port'])}",
+                    "worker": engine_url(g["address"], int(g["port"]), tls=g["tls"]),
                     "model_name": _served_name(models, g["model"]),
                     "fleet_host": g["host"],
                     "fleet_group": str(g["name"]),

@@ -21,6 +21,7 @@ from ansible.plugins.action import ActionBase
 from vllm_fleet.ansible.addresses import fleet_address
 from vllm_fleet.preflight import HostInput, PreflightResult, validate
 from vllm_fleet.preflight.change_safety import check_fleet_change
+from vllm_fleet.preflight.engine_tls import check_engine_tls
 from vllm_fleet.preflight.facts import HostFacts, from_fixture, from_probe, read_model_info
 from vllm_fleet.preflight.firewall_peers import check_firewall_peers
 from vllm_fleet.preflight.key_rotation import check_fleet_keys
@@ -46,7 +47,7 @@ READ = (
 )  # fmt: skip
 PREFIXES = {"fleet", "vllm", "model", "engine", "preflight"}
 # What decides whether the routers' client port speaks HTTPS (vllm_fleet.preflight.router_tls).
-TLS_KEYS = ("fleet_router", "fleet_ca_dir")
+TLS_KEYS = ("fleet_router", "fleet_ca_dir", "fleet_engine_plain_http")
 
 
 def role_variables(roles_dir: Path) -> set[str]:
@@ -196,6 +197,12 @@ class PreflightAction(ActionBase):
             )
         )
         outcome.errors.extend(check_scheme_change(hosts, routers))
+        outcome.errors.extend(
+            check_engine_tls(
+                tls_settings(engines, all_hostvars, play_level),
+                tls_settings(routers, all_hostvars, play_level),
+            )
+        )
         report = self._write_report(outcome, Path(args["report_dir"]))
         result.update(summarize(outcome, args["hosts"]))
         result["report"] = str(report)
@@ -234,8 +241,9 @@ def tls_settings(
     all_hostvars: Mapping[str, Mapping[str, object]],
     play_level: Mapping[str, object],
 ) -> dict[str, dict[str, object]]:
-    """Host -> what decides its routers' scheme (fleet_router, fleet_ca_dir), as Ansible
-    renders it; play-level values win, as for every other check."""
+    """Host -> what decides its routers' and engines' schemes (fleet_router, fleet_ca_dir,
+    fleet_engine_plain_http), as Ansible renders it; play-level values win, as for every other
+    check."""
     settings = {}
     for name in names:
         own = {key: raw(all_hostvars[name], key) for key in TLS_KEYS if key in all_hostvars[name]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import socket
+import ssl
 from pathlib import Path
 from typing import Literal
 
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from vllm_fleet.names import SAFE_NAME
 from vllm_fleet.router.client import RouterTarget
+from vllm_fleet.tls.trust import fleet_trust
 
 Accelerator = Literal["cpu", "cuda", "ascend"]
 
@@ -33,6 +35,10 @@ DEVICE_ENV_VAR: dict[str, str] = {
 BIND = "the engine listens only on its private bind address and port"
 SETTING = "the group's setting is the one preflight planned and the router and verify read"
 VERIFIED = "the engine serves only the sha256-verified local weights"
+TLS = (
+    "the engine serves HTTPS with its own certificate from the fleet CA whenever the fleet "
+    "has one (its key handed over by systemd, never on disk where the engine's user reads it)"
+)
 FLAG_GUARANTEES: dict[str, str] = {
     "--host": BIND, "--port": BIND, "--uds": BIND,
     "--api-key": "the key stays off the command line (fleet_engine_api_key, a 0600 file)",
@@ -46,6 +52,8 @@ FLAG_GUARANTEES: dict[str, str] = {
     "--dtype": SETTING, "--kv-cache-memory-bytes": SETTING, "--kv-cache-dtype": SETTING,
     "--tensor-parallel-size": SETTING, "-tp": SETTING, "--shutdown-timeout": SETTING,
     "--enable-prefix-caching": SETTING, "--enforce-eager": SETTING, "--block-size": SETTING,
+    "--ssl-keyfile": TLS, "--ssl-certfile": TLS, "--ssl-ca-certs": TLS, "--ssl-cert-reqs": TLS,
+    "--ssl-ciphers": TLS, "--enable-ssl-refresh": TLS,
 }  # fmt: skip
 OWNED_FLAGS = frozenset(FLAG_GUARANTEES)
 # Names that hold secrets: they have no place in a group's env (its settings file is
@@ -127,6 +135,22 @@ class NetworkSettings(BaseModel):
     address: str | None = None
 
 
+class EngineTls(BaseModel):
+    """The engine's HTTPS listener. ``cert`` and ``key`` name the unit's credentials
+    (LoadCredential=: systemd hands the engine's key to this service alone, from a root-only
+    file); ``ca_cert`` is the fleet CA, what the host's own clients of the engine (readiness,
+    the watchdog, drains) trust alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cert: str = Field(pattern=rf"^{SAFE_NAME.pattern}$")
+    key: str = Field(pattern=rf"^{SAFE_NAME.pattern}$")
+    ca_cert: Path
+    # The certificate's hash: a renewed certificate changes the settings, so the group
+    # restarts onto it as a rolling change (systemd hands credentials over at start only).
+    cert_sha256: str = Field(pattern=r"^([0-9a-f]{64})?$")  # empty: a --check run on a new host
+
+
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -158,7 +182,9 @@ class EngineConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
     ascend: AscendSettings = Field(default_factory=AscendSettings)
     network: NetworkSettings = Field(default_factory=NetworkSettings)
-    # Where routers reach this group (e.g. http://engine01:8100), and the routers it joins
+    # None: plain HTTP (a fleet without a CA that says fleet_engine_plain_http: true).
+    tls: EngineTls | None = None
+    # Where routers reach this group (e.g. https://engine01:8100), and the routers it joins
     # once healthy and leaves before it stops.
     advertise_url: str | None = None
     routers: list[RouterTarget] = Field(default_factory=list)
@@ -186,9 +212,26 @@ def probe_host(cfg: EngineConfig) -> str:
     return "127.0.0.1" if cfg.host in ("0.0.0.0", "::", "") else cfg.host
 
 
+def engine_url(host: str, port: int, *, tls: bool) -> str:
+    """An engine's base URL (an IPv6 address in brackets)."""
+    scheme = "https" if tls else "http"
+    bare = ":" in host and not host.startswith("[")
+    return f"{scheme}://[{host}]:{port}" if bare else f"{scheme}://{host}:{port}"
+
+
+def probe_url(cfg: EngineConfig) -> str:
+    """Where processes on the host reach the engine."""
+    return engine_url(probe_host(cfg), cfg.port, tls=cfg.tls is not None)
+
+
 def advertise_url(cfg: EngineConfig) -> str:
     """The URL routers use for this group."""
-    return cfg.advertise_url or f"http://{socket.gethostname()}:{cfg.port}"
+    return cfg.advertise_url or engine_url(socket.gethostname(), cfg.port, tls=cfg.tls is not None)
+
+
+def engine_trust(cfg: EngineConfig) -> ssl.SSLContext | bool:
+    """httpx's ``verify`` for the host's own calls to its engine: the fleet CA alone."""
+    return fleet_trust(probe_url(cfg), str(cfg.tls.ca_cert) if cfg.tls else None)
 
 
 def compress_ranges(indices: list[int]) -> str:
@@ -242,7 +285,28 @@ def accelerator_env(cfg: EngineConfig) -> dict[str, str]:
     return env
 
 
-def engine_argv(cfg: EngineConfig) -> list[str]:
+class CredentialsMissing(Exception):
+    """The group serves TLS and the unit handed over no credentials directory."""
+
+
+def tls_argv(cfg: EngineConfig, credentials_dir: str | None) -> list[str]:
+    """vLLM's HTTPS flags: the certificate and key systemd handed the unit (LoadCredential=).
+    No client certificate is asked for: sglang-router 0.3.2's health checker presents none."""
+    if cfg.tls is None:
+        return []
+    if not credentials_dir:
+        raise CredentialsMissing(
+            f"group {cfg.group} serves HTTPS and the unit handed over no credentials "
+            "(CREDENTIALS_DIRECTORY is not set; its LoadCredential= lines are missing)"
+        )
+    directory = Path(credentials_dir)
+    return [
+        "--ssl-certfile", str(directory / cfg.tls.cert),
+        "--ssl-keyfile", str(directory / cfg.tls.key),
+    ]  # fmt: skip
+
+
+def engine_argv(cfg: EngineConfig, credentials_dir: str | None = None) -> list[str]:
     argv = [
         str(cfg.stack_dir / "bin" / "vllm"),
         "serve",
@@ -279,7 +343,7 @@ def engine_argv(cfg: EngineConfig) -> list[str]:
         argv.append("--trust-remote-code")
     if cfg.block_size is not None:
         argv += ["--block-size", str(cfg.block_size)]
-    return argv + list(cfg.extra_args)
+    return argv + tls_argv(cfg, credentials_dir) + list(cfg.extra_args)
 
 
 def engine_env(cfg: EngineConfig, state_dir: Path) -> dict[str, str]:

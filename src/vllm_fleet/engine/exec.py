@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -31,16 +32,26 @@ from pathlib import Path
 
 import httpx
 
-from vllm_fleet.engine.config import EngineConfig, engine_argv, engine_env, probe_host
+from vllm_fleet.engine.config import (
+    CredentialsMissing,
+    EngineConfig,
+    engine_argv,
+    engine_env,
+    engine_trust,
+    probe_url,
+)
 from vllm_fleet.engine.membership import CONTROL_KEY_ENV
 from vllm_fleet.engine.model_check import check_model
 from vllm_fleet.sd_notify import notify
+from vllm_fleet.tls.trust import TrustError
 
 PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 ABORT = signal.SIGUSR1
-# EX_CONFIG: the journal shows status=78/CONFIG, which reads as what it is.
+# EX_CONFIG: the journal shows status=78/CONFIG, which reads as what it is. Also for TLS
+# settings the unit cannot serve (no credentials, an unreadable CA): a restart cannot help.
 MODEL_INCOMPLETE_EXIT = 78
+SETTINGS_UNUSABLE_EXIT = 78
 # EX_SOFTWARE: vLLM ended without being asked to. Its API server exits 0 after its engine
 # core died (an OOM kill of the model worker, say): with Restart=on-failure, passing that 0 on
 # would leave the group down for good.
@@ -122,9 +133,14 @@ def start_deaf_thread(target: Callable[[], None], name: str, signals: set[int]) 
         signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
-def wait_healthy(url: str, child: subprocess.Popen[bytes], stopping: threading.Event) -> bool:
+def wait_healthy(
+    url: str,
+    child: subprocess.Popen[bytes],
+    stopping: threading.Event,
+    verify: ssl.SSLContext | bool = True,
+) -> bool:
     """Poll /health until 200; False if vLLM exits or the group is stopped first."""
-    with httpx.Client(timeout=2.0) as client:
+    with httpx.Client(timeout=2.0, verify=verify) as client:
         while child.poll() is None and not stopping.is_set():
             with contextlib.suppress(httpx.HTTPError):
                 if client.get(url).status_code == 200:
@@ -189,11 +205,16 @@ def run(config_path: Path) -> int:
     asked_to_stop = threading.Event()
     aborting = threading.Event()
     become_subreaper()
-    child = subprocess.Popen(engine_argv(cfg), env=env)
+    try:
+        argv = engine_argv(cfg, os.environ.get("CREDENTIALS_DIRECTORY"))
+        trust = engine_trust(cfg)
+    except (CredentialsMissing, TrustError) as err:
+        log(str(err))
+        return SETTINGS_UNUSABLE_EXIT
+    child = subprocess.Popen(argv, env=env)
 
     def on_ready() -> None:
-        health = f"http://{probe_host(cfg)}:{cfg.port}/health"
-        if wait_healthy(health, child, asked_to_stop):
+        if wait_healthy(f"{probe_url(cfg)}/health", child, asked_to_stop, trust):
             # The unit's ExecStartPost (root) joins the routers once this says ready.
             notify(f"READY=1\nSTATUS=serving {cfg.served_name} on port {cfg.port}")
 

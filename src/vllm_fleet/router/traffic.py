@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from vllm_fleet.engine.config import EngineConfig, advertise_url, probe_host
+from vllm_fleet.engine.config import EngineConfig, advertise_url, engine_trust, probe_url
 from vllm_fleet.router import hold
 from vllm_fleet.router.client import RouterError, normalize_url, router_client
 from vllm_fleet.verify.engine_metrics import parse_families, value
@@ -53,10 +53,6 @@ def in_flight(client: httpx.Client, base_url: str) -> float | None:
     return sum(r for r in readings if r is not None)
 
 
-def engine_base_url(cfg: EngineConfig) -> str:
-    return f"http://{probe_host(cfg)}:{cfg.port}"
-
-
 def drain(
     cfg: EngineConfig,
     control_key: str | None,
@@ -90,10 +86,10 @@ def drain(
                 left.append(name)
         listing = set(clients)
         reading: float | None = None
-        with httpx.Client(timeout=2.0) as http:
+        with httpx.Client(timeout=2.0, verify=engine_trust(cfg)) as http:
             while True:
                 listing = {n for n, c in clients.items() if normalize_url(url) in c.workers()}
-                reading = in_flight(http, engine_base_url(cfg))
+                reading = in_flight(http, probe_url(cfg))
                 if not listing and reading == 0:
                     return DrainResult(cfg.group, left, clock() - started, True, 0.0)
                 if clock() - started >= timeout:

@@ -106,6 +106,9 @@ class RetrySettings(_Strict):
 class VerifyConfig(_Strict):
     engines: list[EngineSpec] = Field(min_length=1)
     router: RouterSpec | None = None
+    # The fleet CA's certificate on the verifying host: trusted alone by every https endpoint
+    # (the engines' ports with fleet_engine_tls, the routers' with fleet_router_tls).
+    ca_file: str | None = None
     crosstalk: CrosstalkSettings = CrosstalkSettings()
     prefix_probe: PrefixProbeSettings = PrefixProbeSettings()
     retry: RetrySettings = RetrySettings()
@@ -115,11 +118,12 @@ class VerifyConfig(_Strict):
     timeout_seconds: float = Field(default=120.0, gt=0.0)
 
     def tls_verify(self) -> ssl.SSLContext | bool:
-        """httpx's `verify` for every client of a run: the fleet CA alone for an https router
-        (the engines' plain-http URLs ignore it)."""
-        if self.router is None:
-            return True
-        return fleet_trust(self.router.url, self.router.ca_file)
+        """httpx's `verify` for every client of a run: the fleet CA alone once any endpoint,
+        an engine or the router, speaks https (plain-http URLs ignore it)."""
+        urls = [e.url for e in self.engines] + ([self.router.url] if self.router else [])
+        https = next((url for url in urls if url.startswith("https://")), None)
+        ca_file = self.ca_file or (self.router.ca_file if self.router else None)
+        return fleet_trust(https, ca_file) if https else True
 
     @property
     def served_names(self) -> list[str]:

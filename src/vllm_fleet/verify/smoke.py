@@ -5,6 +5,7 @@ host's ``vllm-fleet smoke`` both run it."""
 
 from __future__ import annotations
 
+import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,12 +71,19 @@ async def smoke_router(
 
 
 async def smoke_endpoint(
-    url: str, api_key: str, served_name: str, timeout: float, retry: RetrySettings | None = None
+    url: str,
+    api_key: str,
+    served_name: str,
+    timeout: float,
+    retry: RetrySettings | None = None,
+    *,
+    verify: ssl.SSLContext | bool = True,
 ) -> CheckResult:
     """One endpoint alone (the host's ``vllm-fleet smoke`` of its engine group): /health, the
-    API items and auth, as verify checks every engine and the router."""
+    API items and auth, as verify checks every engine and the router. ``verify``: the fleet CA
+    alone for an engine on HTTPS."""
     start = time.perf_counter()
-    async with httpx.AsyncClient(timeout=timeout) as client:
+    async with httpx.AsyncClient(timeout=timeout, verify=verify) as client:
         items = [await _health(client, url, EngineFacts())]
         items += await _api_items(
             client, Endpoint(url, url, api_key), served_name, retry or RetrySettings()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from vllm_fleet.engine.config import EngineConfig, advertise_url, probe_host
+import httpx
+
+from vllm_fleet.engine.config import EngineConfig, advertise_url, engine_trust, probe_url
 from vllm_fleet.env_file import read_env_file
+from vllm_fleet.tls.trust import TrustError, fleet_trust
 from vllm_fleet.watchdog.config import WatchdogConfig
 
 
@@ -21,10 +24,8 @@ class GroupSpec:
     advertise_url: str  # what the routers get
     served_name: str
     api_key: str = field(repr=False)
-
-
-def _http_base(host: str, port: int) -> str:
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    # What the probe trusts: the fleet CA alone for an engine that serves HTTPS.
+    ca_file: str | None = None
 
 
 def load_group(config: WatchdogConfig, group: str) -> GroupSpec:
@@ -37,11 +38,21 @@ def load_group(config: WatchdogConfig, group: str) -> GroupSpec:
         raise GroupConfigError(f"group {group}: cannot read its engine config: {err}") from None
     if not api_key:
         raise GroupConfigError(f"group {group}: {secrets} sets no VLLM_API_KEY")
+    try:
+        engine_trust(cfg)
+    except TrustError as err:
+        raise GroupConfigError(f"group {group}: {err}") from None
     return GroupSpec(
         group=group,
         unit=config.unit(group),
-        probe_url=_http_base(probe_host(cfg), cfg.port),
+        probe_url=probe_url(cfg),
         advertise_url=advertise_url(cfg).rstrip("/"),
         served_name=cfg.served_name,
         api_key=api_key,
+        ca_file=str(cfg.tls.ca_cert) if cfg.tls else None,
     )
+
+
+def probe_client(spec: GroupSpec, timeout: float) -> httpx.Client:
+    """The watchdog's client for one group: the fleet CA alone for an engine on HTTPS."""
+    return httpx.Client(timeout=timeout, verify=fleet_trust(spec.probe_url, spec.ca_file))

@@ -36,7 +36,7 @@ from vllm_fleet.router.client import RouterClient, RouterError, RouterTarget, ro
 from vllm_fleet.sd_notify import notify
 from vllm_fleet.watchdog import journal
 from vllm_fleet.watchdog.config import WatchdogConfig
-from vllm_fleet.watchdog.groups import GroupConfigError, GroupSpec, load_group
+from vllm_fleet.watchdog.groups import GroupConfigError, GroupSpec, load_group, probe_client
 from vllm_fleet.watchdog.metrics import WatchdogMetrics
 from vllm_fleet.watchdog.probe import (
     ProbeResult,
@@ -132,7 +132,7 @@ class Watchdog:
         policy = policy_from(config)
         now = clock()
         self.groups = [
-            GroupView(spec, GroupMachine(policy, now), httpx.Client(timeout=_probe_timeout(config)))
+            GroupView(spec, GroupMachine(policy, now), probe_client(spec, _probe_timeout(config)))
             for spec in specs
         ]
         self.routers = [RouterView(target, client) for target, client in routers]
@@ -280,6 +280,9 @@ class Watchdog:
         }
         # Another process, perhaps on another port: its token count is not comparable.
         view.progress = None
+        if old.probe_url != spec.probe_url or old.ca_file != spec.ca_file:
+            # HTTP to HTTPS, or another CA: a new client (a probe in flight keeps the old one).
+            view.http = probe_client(spec, _probe_timeout(self.config))
         if any(name in changed for name in REGISTRATION_FIELDS):
             # Leave the old registration (the old URL, or this URL with the old served name
             # or key); the group joins again with the new settings once it answers on them.

@@ -80,3 +80,21 @@ def test_two_served_names_behind_a_router_that_cannot_route_by_model_are_refused
         "atlas-02.npu.example.internal/deepseek"
     ) in run.stdout
     assert "use impl: sglang" in run.stdout
+
+
+def test_a_fleet_without_a_ca_is_refused_unless_its_engines_say_plain_http(tmp_path):
+    """example-cuda without its CA, the routers allowed plain HTTP: the engines' ports would
+    carry every prompt and the engine key in the clear, and nothing said so."""
+    no_ca = json.dumps(
+        {"fleet_ca_dir": "", "fleet_model_cache_plain_http": True,
+         "fleet_router": {"impl": "sglang", "plain_http": True}}
+    )  # fmt: skip
+    run = preflight("example-cuda", tmp_path, "--check", "-e", no_ca)
+    assert run.returncode != 0
+    assert (
+        "h100-01.infer.example.internal: fleet_ca_dir='': is not set, and this host serves engines"
+    ) in run.stdout
+    assert "fleet_engine_plain_http: true" in run.stdout
+    said = json.dumps({**json.loads(no_ca), "fleet_engine_plain_http": True})
+    run = preflight("example-cuda", tmp_path, "--check", "-e", said)
+    assert run.returncode == 0, run.stdout[-3000:]

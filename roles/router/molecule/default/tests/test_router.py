@@ -1,5 +1,9 @@
 """sglang-router in front of a real vLLM engine: TLS, keys, binds, registration, admission.
 
+Both hops speak HTTPS with certificates from the fleet CA: client -> router, and router ->
+engine (vLLM with --ssl-certfile/--ssl-keyfile; the router trusts the CA alone through its
+unit's SSL_CERT_FILE, for its requests and its health checks alike).
+
 Client traffic comes from the engine's container over the scenario's network, as it would
 from any other host; the router is reached by name (vf-router) on its own address, over
 HTTPS with its certificate from the fleet CA, which the clients trust alone.
@@ -22,7 +26,10 @@ ROUTER_URL = f"https://{ROUTER}:30000"
 # The fleet CA's certificate on every host (host_tls); the router's own key stays root-only.
 CA = "/etc/vllm-fleet/tls/ca.crt"
 HOST_KEY = "/etc/vllm-fleet/tls/host.key"
-WORKER_URL = f"http://{ENGINE}:8100"
+WORKER_URL = f"https://{ENGINE}:8100"
+# The engines' own key (host_tls a second time): root-only on disk; systemd hands a copy to
+# the engine unit alone.
+ENGINE_TLS_KEY = "/etc/vllm-fleet/tls/engine.key"
 CLIENT_KEY = "molecule-only-router-client-key-52e8c1"
 CONTROL_KEY = "molecule-only-router-control-key-a93f06"
 ENGINE_KEY = "molecule-only-engine-key-7d41b0"
@@ -272,3 +279,35 @@ def test_admission_refuses_the_excess_with_429(engine):
     assert ok <= 8
     # sglang-router 0.3.2 refuses with a bare 429: no Retry-After header (observed).
     assert retry_after == []
+
+
+def test_the_engine_serves_https_only_with_the_engines_certificate(router, engine):
+    """From the router host: the system's CAs are refused at the engine's handshake, plain
+    HTTP gets no answer, the fleet CA alone verifies it (the engine's name and its address)."""
+    health = f"{WORKER_URL}/health"
+    fetch = "curl -s -m 10 -o /dev/null -w '%{{http_code}}' {} {}"
+    assert router.run(fetch.format("--cacert " + CA, health)).stdout == "200"
+    system = router.run(fetch.format("", health))
+    assert system.rc == 60, (system.rc, system.stdout)  # curl: the peer's certificate refused
+    plain = router.run(fetch.format("", health.replace("https://", "http://")))
+    assert plain.stdout != "200", plain.stdout
+    key = engine.file(ENGINE_TLS_KEY)
+    assert (key.user, key.group, key.mode) == ("root", "root", 0o600)
+    # The engine's own key is not the host's (which it never gets).
+    assert engine.file("/etc/vllm-fleet/tls/host.key").content != key.content
+
+
+def test_vllm_reads_its_key_from_the_units_credentials_not_the_root_only_file(engine):
+    pid = engine.check_output(f"systemctl show -p MainPID --value {ENGINE_UNIT}")
+    children = engine.check_output(f"ps -o args= --ppid {pid}")
+    assert "--ssl-keyfile /run/credentials/" + ENGINE_UNIT + "/engine-tls.key" in children
+    refused = engine.run(f"runuser -u vllm -- cat {ENGINE_TLS_KEY}")
+    assert refused.rc != 0 and "Permission denied" in refused.stderr
+
+
+def test_the_router_trusts_the_fleet_ca_alone_for_its_engines(router):
+    pid = router.check_output(f"systemctl show -p MainPID --value {UNIT}")
+    environ = router.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ")
+    assert f"SSL_CERT_FILE={CA}" in environ.splitlines()
+    worker = workers(router)[WORKER_URL]
+    assert worker["is_healthy"] is True, worker
