@@ -21,6 +21,7 @@ TLS = {
     "key": "engine-tls.key",
     "ca_cert": "/etc/vllm-fleet/tls/ca.crt",
     "cert_sha256": "ab" * 32,
+    "ca_sha256": "cd" * 32,
 }
 
 

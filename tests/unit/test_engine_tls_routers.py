@@ -7,12 +7,15 @@ probe) trusting the CA alone.
 Why SSL_CERT_FILE and not sglang-router's ``ca_cert_paths``: that setting reaches only the
 router's proxy client, and adds the CA to the system's; its health checker keeps its own
 client, which marks an engine that only the fleet CA vouches for unhealthy within one check
-(the test below shows it). SSL_CERT_FILE is what both routers' clients read, alone.
+(the test below shows it). SSL_CERT_FILE is what both routers' clients read; beside it they
+read a CA directory (SSL_CERT_DIR, else the system's), so the unit names an empty one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +46,15 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """The fleet CA, an engine certificate from it, and one from another CA."""
     work = tmp_path_factory.mktemp("engine-tls")
     init_ca(work / "fleet-ca")
-    init_ca(work / "rogue-ca")
+    # Another name too: OpenSSL looks a CA up by its subject, so a namesake would only ever
+    # be refused for the wrong reason (the fleet CA's key does not verify it).
+    init_ca(work / "rogue-ca", name="another CA")
+    # What a host's system CA directory would be to the router: one holding the other CA.
+    system = work / "system-cas"
+    system.mkdir()
+    shutil.copy(work / "rogue-ca" / CA_CERT, system / "another-ca.pem")
+    subprocess.run(["openssl", "rehash", str(system)], check=True)
+    (work / "no-other-ca").mkdir()
     cert, key = host_certificate(
         load_ca(work / "fleet-ca"), work / "engine", ["engine01"], ["127.0.0.1"]
     )
@@ -52,6 +63,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     )
     return {
         "ca": work / "fleet-ca" / CA_CERT,
+        "no_other_ca": work / "no-other-ca",
+        "system_cas": system,
         "cert": cert,
         "key": key,
         "rogue_cert": rogue_cert,
@@ -60,10 +73,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @contextlib.contextmanager
-def router_trusting(impl: str, log: Path, ca: Path, **extra: object) -> Iterator[RouterProcess]:
-    """A router as its unit starts it with a fleet CA: SSL_CERT_FILE names the CA alone."""
+def router_trusting(
+    impl: str, log: Path, ca: Path, ca_dir: Path, **extra: object
+) -> Iterator[RouterProcess]:
+    """A router as its unit starts it with a fleet CA: SSL_CERT_FILE names the CA, and
+    SSL_CERT_DIR the directory read beside it (the unit's: an empty one)."""
     settings: dict[str, object] = {"health_failure_threshold": 1, **extra}
-    with running_router(impl, log, extra=settings, env={"SSL_CERT_FILE": str(ca)}) as router:
+    env = {"SSL_CERT_FILE": str(ca), "SSL_CERT_DIR": str(ca_dir)}
+    with running_router(impl, log, extra=settings, env=env) as router:
         yield router
 
 
@@ -107,7 +124,7 @@ def test_a_router_trusting_the_fleet_ca_routes_to_an_engine_on_https(
 ) -> None:
     with (
         running_engine(tls=(pki["cert"], pki["key"])) as engine,
-        router_trusting(impl, tmp_path / "router.log", pki["ca"]) as router,
+        router_trusting(impl, tmp_path / "router.log", pki["ca"], pki["no_other_ca"]) as router,
     ):
         assert engine.url.startswith("https://")
         assert join(router, engine) is True
@@ -117,21 +134,40 @@ def test_a_router_trusting_the_fleet_ca_routes_to_an_engine_on_https(
         assert engine.completions and all(a == f"Bearer {ENGINE_KEY}" for a in engine.completions)
 
 
+def refused(router: RouterProcess, engine: FakeEngine) -> bool:
+    """The engine never gets a request: refused at join, or never healthy."""
+    join(router, engine)
+    deadline = time.monotonic() + 4 * HEALTH_INTERVAL
+    while time.monotonic() < deadline:
+        if complete(router, engine).status_code == 200:
+            return False
+        time.sleep(HEALTH_INTERVAL / 2)
+    return engine.completions == []
+
+
 @pytest.mark.parametrize("impl", ["sglang", "vllm"])
 def test_a_router_refuses_an_engine_whose_certificate_is_not_from_the_fleet_ca(
     impl: str, pki: dict[str, Path], tmp_path: Path
 ) -> None:
     with (
         running_engine(tls=(pki["rogue_cert"], pki["rogue_key"])) as engine,
-        router_trusting(impl, tmp_path / "router.log", pki["ca"]) as router,
+        router_trusting(impl, tmp_path / "router.log", pki["ca"], pki["no_other_ca"]) as router,
     ):
-        join(router, engine)  # refused, or accepted and never healthy: either way ...
-        deadline = time.monotonic() + 4 * HEALTH_INTERVAL
-        while time.monotonic() < deadline:
-            assert complete(router, engine).status_code != 200
-            time.sleep(HEALTH_INTERVAL / 2)
-        # ... no prompt and no engine key ever crossed to it.
-        assert engine.completions == []
+        # No prompt and no engine key ever cross to it.
+        assert refused(router, engine)
+
+
+@pytest.mark.parametrize("impl", ["sglang", "vllm"])
+def test_why_the_unit_names_an_empty_ca_directory(
+    impl: str, pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """The routers read a CA directory beside SSL_CERT_FILE (the system's, when the unit names
+    none): a CA there would vouch for engines too."""
+    with (
+        running_engine(tls=(pki["rogue_cert"], pki["rogue_key"])) as engine,
+        router_trusting(impl, tmp_path / "router.log", pki["ca"], pki["system_cas"]) as router,
+    ):
+        assert not refused(router, engine)
 
 
 def test_sglang_routers_ca_setting_alone_leaves_the_engine_unhealthy(

@@ -50,6 +50,9 @@ def test_a_router_hosts_certificate_names_the_vip_its_clients_reach_it_on():
     }
     assert identity("router01", hostvars)["addresses"] == ["10.0.0.10", "10.0.0.100", "127.0.0.1"]
     assert identity("engine01", hostvars)["addresses"] == ["10.0.0.21", "127.0.0.1"]
+    # The engines' certificate on a host that is also a router: its key is the engine user's,
+    # so it must not vouch for the address clients send the routers' keys to.
+    assert identity("router01", hostvars, vip=False)["addresses"] == ["10.0.0.10", "127.0.0.1"]
 
 
 def test_a_ca_that_cannot_be_used_fails_the_task_with_the_reason(tmp_path):

@@ -280,3 +280,19 @@ def test_a_router_that_ignores_the_model_fails_the_names_it_misroutes(tmp_path, 
     assert "fail" in {status["crosstalk[smollm2]"], status["crosstalk[smollm2-b]"]}
     failed = next(c for c in report["checks"] if c["name"] == "smoke router[smollm2-b]")
     assert "404" in json.dumps(failed["details"])
+
+
+def test_an_https_engine_without_the_fleet_ca_is_a_usage_error_not_the_systems_trust(
+    tmp_path, monkeypatch, capsys
+):
+    """An engine on HTTPS carries a certificate from the fleet CA: with no CA to trust, verify
+    refuses to start rather than fall back to the system's CAs."""
+    with fixture_fleet(engines=1, router=False) as (engines, _):
+        config = verify_config(engines, None)
+    for engine in config["engines"]:
+        engine["url"] = engine["url"].replace("http://", "https://")
+    code, _, out = run_verify(tmp_path, config, monkeypatch, client_key="")
+
+    assert code == 2
+    assert not out.exists()
+    assert "speaks HTTPS and the verification has no fleet CA to trust" in capsys.readouterr().err

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from tests.support.tls import host_certificate
 from tests.unit.router_fixtures import (
     CONTROL_KEY,
     ENGINE_KEY,
@@ -31,6 +32,7 @@ from tests.unit.router_fixtures import (
 )
 from vllm_fleet.router import hold
 from vllm_fleet.router.client import RouterError, RouterTarget, router_client
+from vllm_fleet.tls.ca import CA_CERT, init_ca, load_ca
 from vllm_fleet.watchdog import journal
 from vllm_fleet.watchdog.config import WatchdogConfig
 from vllm_fleet.watchdog.groups import GroupConfigError, load_group
@@ -81,7 +83,9 @@ def engine():
         yield served
 
 
-def engine_config(group: str, engine: FakeEngine) -> dict[str, object]:
+def engine_config(
+    group: str, engine: FakeEngine, tls: dict[str, str] | None = None
+) -> dict[str, object]:
     port = int(engine.url.rsplit(":", 1)[1])
     return {
         "group": group,
@@ -97,14 +101,17 @@ def engine_config(group: str, engine: FakeEngine) -> dict[str, object]:
         "max_num_seqs": 2,
         "kv_cache_bytes": 1 << 20,
         "advertise_url": engine.url + "/",
+        **({"tls": tls} if tls else {}),
     }
 
 
-def write_group(tmp_path, group: str, served: FakeEngine) -> None:
+def write_group(
+    tmp_path, group: str, served: FakeEngine, tls: dict[str, str] | None = None
+) -> None:
     """The group's settings and secrets, as Ansible renders them, for ``served``."""
     engines_dir = tmp_path / "engines"
     engines_dir.mkdir(exist_ok=True)
-    (engines_dir / f"{group}.json").write_text(json.dumps(engine_config(group, served)))
+    (engines_dir / f"{group}.json").write_text(json.dumps(engine_config(group, served, tls)))
     (engines_dir / f"{group}.env").write_text(f"VLLM_API_KEY='{served.api_key}'\n")
 
 
@@ -380,6 +387,50 @@ def test_a_group_moved_to_another_port_and_key_is_followed_there(
     assert [e["event"] for e in events].count("joined") == 2
     assert ENGINE_KEY not in out
     assert moved.api_key not in out
+
+
+def test_a_group_moved_to_https_is_probed_there_trusting_the_fleet_ca_alone(
+    tmp_path, units, capsys
+):
+    """The fleet gains a CA: the group's settings name HTTPS, its certificate and the CA. The
+    watchdog's probe follows with a client that trusts that CA alone; the same move with a
+    certificate from another CA fails its probes instead of trusting the system's CAs."""
+    init_ca(tmp_path / "fleet-ca")
+    init_ca(tmp_path / "rogue-ca", name="another CA")
+    tls = {
+        "cert": "engine-tls.crt",
+        "key": "engine-tls.key",
+        "ca_cert": str(tmp_path / "fleet-ca" / CA_CERT),
+        "cert_sha256": "ab" * 32,
+        "ca_sha256": "cd" * 32,
+    }
+    good = host_certificate(load_ca(tmp_path / "fleet-ca"), tmp_path / "good", ["e"], ["127.0.0.1"])
+    bad = host_certificate(load_ca(tmp_path / "rogue-ca"), tmp_path / "bad", ["e"], ["127.0.0.1"])
+    with (
+        running_engine() as before,
+        running_engine(tls=good) as after,
+        running_engine(tls=bad) as rogue,
+    ):
+        _, config = write_setup(tmp_path, {"g0": before}, [])
+        watchdog = make_watchdog(config, units)
+        try:
+            watchdog.run_pass()
+            assert before.completions
+            write_group(tmp_path, "g0", after, tls)
+            passes_until(watchdog, lambda: bool(after.completions), "a probe over HTTPS")
+            watchdog.run_pass()
+            assert watchdog.groups[0].probe is not None and watchdog.groups[0].probe.ok
+            write_group(tmp_path, "g0", rogue, tls)
+            passes_until(
+                watchdog,
+                lambda: watchdog.groups[0].probe is not None and not watchdog.groups[0].probe.ok,
+                "the probe of an engine from another CA to fail",
+            )
+            assert rogue.completions == []
+        finally:
+            watchdog.close()
+    changes = [e for _, e in events_of(capsys.readouterr().out) if e["event"] == "settings_changed"]
+    assert changes[0]["probe_url"]["new"].startswith("https://")
 
 
 def test_settings_rendered_before_the_restart_wait_for_it(

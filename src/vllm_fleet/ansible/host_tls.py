@@ -19,13 +19,18 @@ from vllm_fleet.tls.ca import CaError, FleetCa, load_ca, renewal_reason
 
 
 def identity(
-    host: str, hostvars: Mapping[str, Any], facts: Mapping[str, Any] | None = None
+    host: str,
+    hostvars: Mapping[str, Any],
+    facts: Mapping[str, Any] | None = None,
+    vip: bool = True,
 ) -> dict[str, list[str]]:
     """What the host's certificate names: its inventory name, the address the fleet reaches
     it on (fleet_address, else ansible_host) as an IP address or a DNS name, the address its
     listeners bind (from its facts, where the play gathered them: a host without an address
     in the inventory binds its default one), a router host's VIP (clients reach whichever
-    router holds it there), and the loopback the host's own checks call its listeners on."""
+    router holds it there), and the loopback the host's own checks call its listeners on.
+    ``vip=False``: not the VIP, for the engines' certificate, whose key the engine's user
+    holds (on a host that is also a router it must not vouch for the routers' address)."""
     names, addresses = [host], []
     own = hostvars[host]
     candidates = [fleet_address(host, hostvars)]
@@ -34,9 +39,10 @@ def identity(
         with contextlib.suppress(ValueError):
             candidates.append(bind_address(host, hostvars, facts))
     router = own.get("fleet_router")
-    vip = router.get("vip") if isinstance(router, dict) else None
-    if "routers" in own.get("group_names", []) and isinstance(vip, dict) and vip.get("address"):
-        candidates.append(str(vip["address"]))
+    router_vip = router.get("vip") if isinstance(router, dict) else None
+    vip_address = router_vip.get("address") if isinstance(router_vip, dict) else None
+    if vip and "routers" in own.get("group_names", []) and vip_address:
+        candidates.append(str(vip_address))
     candidates += ["localhost", "127.0.0.1"]
     for address in candidates:
         try:

@@ -149,6 +149,9 @@ class EngineTls(BaseModel):
     # The certificate's hash: a renewed certificate changes the settings, so the group
     # restarts onto it as a rolling change (systemd hands credentials over at start only).
     cert_sha256: str = Field(pattern=r"^([0-9a-f]{64})?$")  # empty: a --check run on a new host
+    # The fleet CA's hash: a new CA changes the settings too, so the host's callers (the
+    # watchdog) take it up with the certificate it issued.
+    ca_sha256: str = Field(pattern=r"^([0-9a-f]{64})?$")
 
 
 class EngineConfig(BaseModel):

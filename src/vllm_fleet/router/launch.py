@@ -29,7 +29,9 @@ CREDENTIAL = "router.env"
 # What router.json holds (roles/router/templates/router.json.j2). Anything else is refused:
 # a launcher older than its settings would otherwise drop what it does not know (a "tls"
 # ignored is a router serving plain HTTP).
-SETTINGS = frozenset({"impl", "package", "router_args", "tls"})
+# "trust" holds the fleet CA's hash (the unit's SSL_CERT_FILE, which the router reads only at
+# start): nothing for the launcher, it is there so a new CA restarts the router.
+SETTINGS = frozenset({"impl", "package", "router_args", "tls", "trust"})
 
 
 def router_kwargs(

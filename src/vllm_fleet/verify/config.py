@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vllm_fleet.tls.trust import fleet_trust
+from vllm_fleet.tls.trust import TrustError, fleet_trust
 
 ENGINE_KEY_VAR = "VLLM_FLEET_ENGINE_API_KEY"
 CLIENT_KEY_VAR = "VLLM_FLEET_CLIENT_API_KEY"
@@ -122,8 +122,13 @@ class VerifyConfig(_Strict):
         an engine or the router, speaks https (plain-http URLs ignore it)."""
         urls = [e.url for e in self.engines] + ([self.router.url] if self.router else [])
         https = next((url for url in urls if url.startswith("https://")), None)
+        if https is None:
+            return True
         ca_file = self.ca_file or (self.router.ca_file if self.router else None)
-        return fleet_trust(https, ca_file) if https else True
+        if not ca_file:
+            # Fleet listeners carry certificates from the fleet CA: never the system's trust.
+            raise TrustError(f"{https} speaks HTTPS and the verification has no fleet CA to trust")
+        return fleet_trust(https, ca_file)
 
     @property
     def served_names(self) -> list[str]:

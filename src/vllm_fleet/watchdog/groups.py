@@ -24,8 +24,10 @@ class GroupSpec:
     advertise_url: str  # what the routers get
     served_name: str
     api_key: str = field(repr=False)
-    # What the probe trusts: the fleet CA alone for an engine that serves HTTPS.
+    # What the probe trusts: the fleet CA alone for an engine that serves HTTPS (and its hash:
+    # a new CA at the same path makes a new client).
     ca_file: str | None = None
+    ca_sha256: str | None = None
 
 
 def load_group(config: WatchdogConfig, group: str) -> GroupSpec:
@@ -50,6 +52,7 @@ def load_group(config: WatchdogConfig, group: str) -> GroupSpec:
         served_name=cfg.served_name,
         api_key=api_key,
         ca_file=str(cfg.tls.ca_cert) if cfg.tls else None,
+        ca_sha256=cfg.tls.ca_sha256 if cfg.tls else None,
     )
 
 

@@ -71,6 +71,8 @@ class GroupView:
     registered: dict[str, bool] = field(default_factory=dict)
     inflight: Future[Observation] | None = None
     inflight_spec: GroupSpec | None = None  # the settings the observation in flight uses
+    # Clients replaced by a settings change (another scheme or CA), closed once no probe uses them.
+    stale_clients: list[httpx.Client] = field(default_factory=list)
     # Tokens the engine had processed at the end of the previous observation.
     progress: float | None = None
     held: bool = False  # an upgrade holds it out of the routers (vllm_fleet.router.hold)
@@ -190,8 +192,10 @@ class Watchdog:
         submitted: dict[str, Future[Observation]] = {}
         for view in self.groups:
             if view.inflight is None or view.inflight.done():
+                while view.stale_clients:
+                    view.stale_clients.pop().close()
                 view.inflight_spec = view.spec
-                view.inflight = self._pool.submit(self._observe_group, view, view.spec)
+                view.inflight = self._pool.submit(self._observe_group, view, view.spec, view.http)
                 submitted[view.spec.group] = view.inflight
         wait(submitted.values(), timeout=2 * self.config.probe_timeout_seconds + 1)
         observations = {}
@@ -208,15 +212,15 @@ class Watchdog:
                 observations[view.spec.group] = Observation(None, None, failed, False, spec)
         return observations
 
-    def _observe_group(self, view: GroupView, spec: GroupSpec) -> Observation:
-        """Observe with ``spec``, the settings current when it began (they may change)."""
+    def _observe_group(self, view: GroupView, spec: GroupSpec, http: httpx.Client) -> Observation:
+        """Observe with ``spec`` and its client, current when it began (they may change)."""
         unit, unit_error = None, None
         try:
             unit = self.units.status(spec.unit)
         except UnitError as err:
             unit_error = str(err)
         probe = probe_completion(
-            view.http,
+            http,
             spec.probe_url,
             api_key=spec.api_key,
             served_name=spec.served_name,
@@ -225,7 +229,7 @@ class Watchdog:
         )
         # Progress since the previous observation tells a busy engine from a hung one; a
         # short timeout, so a hung API server delays detection by seconds, not a probe.
-        before, view.progress = view.progress, engine_progress(view.http, spec.probe_url, 2.0)
+        before, view.progress = view.progress, engine_progress(http, spec.probe_url, 2.0)
         if not probe.ok:
             probe = judge_timeout(probe, before, view.progress)
         return Observation(unit, unit_error, probe, spec=spec)
@@ -280,8 +284,14 @@ class Watchdog:
         }
         # Another process, perhaps on another port: its token count is not comparable.
         view.progress = None
-        if old.probe_url != spec.probe_url or old.ca_file != spec.ca_file:
-            # HTTP to HTTPS, or another CA: a new client (a probe in flight keeps the old one).
+        if (old.probe_url, old.ca_file, old.ca_sha256) != (
+            spec.probe_url,
+            spec.ca_file,
+            spec.ca_sha256,
+        ):
+            # HTTP to HTTPS, or another CA: a new client; a probe in flight keeps the old one,
+            # closed before the next probe starts.
+            view.stale_clients.append(view.http)
             view.http = probe_client(spec, _probe_timeout(self.config))
         if any(name in changed for name in REGISTRATION_FIELDS):
             # Leave the old registration (the old URL, or this URL with the old served name

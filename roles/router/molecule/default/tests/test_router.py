@@ -309,5 +309,8 @@ def test_the_router_trusts_the_fleet_ca_alone_for_its_engines(router):
     pid = router.check_output(f"systemctl show -p MainPID --value {UNIT}")
     environ = router.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ")
     assert f"SSL_CERT_FILE={CA}" in environ.splitlines()
+    # ... and beside it an empty CA directory, not the system's.
+    [cert_dir] = [v for v in environ.splitlines() if v.startswith("SSL_CERT_DIR=")]
+    assert router.check_output(f"ls -A {cert_dir.split('=', 1)[1]}") == ""
     worker = workers(router)[WORKER_URL]
     assert worker["is_healthy"] is True, worker
