@@ -306,11 +306,11 @@ def test_vllm_reads_its_key_from_the_units_credentials_not_the_root_only_file(en
 
 
 def test_the_router_trusts_the_fleet_ca_alone_for_its_engines(router):
-    pid = router.check_output(f"systemctl show -p MainPID --value {UNIT}")
-    environ = router.check_output(f"tr '\\0' '\\n' < /proc/{pid}/environ")
-    assert f"SSL_CERT_FILE={CA}" in environ.splitlines()
+    # The unit's environment (the router retitles itself over its own /proc/<pid>/environ).
+    environment = router.check_output(f"systemctl show -p Environment --value {UNIT}").split()
+    assert f"SSL_CERT_FILE={CA}" in environment
     # ... and beside it an empty CA directory, not the system's.
-    [cert_dir] = [v for v in environ.splitlines() if v.startswith("SSL_CERT_DIR=")]
-    assert router.check_output(f"ls -A {cert_dir.split('=', 1)[1]}") == ""
+    [cert_dir] = [v.split("=", 1)[1] for v in environment if v.startswith("SSL_CERT_DIR=")]
+    assert router.check_output(f"ls -A {cert_dir}") == ""
     worker = workers(router)[WORKER_URL]
     assert worker["is_healthy"] is True, worker
